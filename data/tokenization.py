@@ -1,0 +1,79 @@
+"""Conversations -> token ids with labels on assistant tokens only.
+
+The chat template decides where each assistant turn sits. We render the conversation
+prefix by prefix: the text of `messages[:i]` with the generation prompt ends where
+assistant turn i starts, and the text of `messages[:i+1]` ends where it stops. Tokens whose
+characters fall inside those spans get labels; everything else is IGNORE_INDEX. This works
+for any template whose rendering of a prefix is a prefix of the full rendering, and fails
+loudly for one that is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class TokenizedConversation:
+    input_ids: list[int]
+    labels: list[int]  # IGNORE_INDEX outside assistant turns
+
+    @property
+    def num_labels(self) -> int:
+        return sum(label != IGNORE_INDEX for label in self.labels)
+
+
+def _render(tokenizer, messages, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def assistant_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """Render the conversation; return its text and the [start, end) character span of each assistant turn."""
+    full_text = _render(tokenizer, messages, add_generation_prompt=False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], add_generation_prompt=True)
+        through = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if not full_text.startswith(before) or not full_text.startswith(through) or len(through) < len(before):
+            raise ValueError(
+                "chat template renders a conversation prefix that is not a prefix of the whole "
+                f"conversation (assistant turn {i}); cannot locate assistant tokens"
+            )
+        spans.append((len(before), len(through)))
+    return full_text, spans
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> TokenizedConversation:
+    """Tokenise through the chat template; label assistant tokens; truncate to max_length tokens."""
+    text, spans = assistant_char_spans(tokenizer, messages)
+    # The template already holds any BOS it wants, so no extra special tokens.
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                         truncation=True, max_length=max_length)
+    labels = []
+    span_index = 0
+    for token_id, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"]):
+        while span_index < len(spans) and start >= spans[span_index][1]:
+            span_index += 1
+        inside = span_index < len(spans) and start >= spans[span_index][0] and end > start
+        labels.append(token_id if inside else IGNORE_INDEX)
+    return TokenizedConversation(input_ids=list(encoding["input_ids"]), labels=labels)
+
+
+def pad_batch(examples: list[TokenizedConversation], pad_token_id: int):
+    """Right-pad a list of examples -> dict of input_ids, attention_mask, labels tensors [B, T]."""
+    import torch
+
+    length = max(len(example.input_ids) for example in examples)
+    input_ids = torch.full((len(examples), length), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        input_ids[row, :n] = torch.tensor(example.input_ids)
+        labels[row, :n] = torch.tensor(example.labels)
+        attention_mask[row, :n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}

@@ -1,0 +1,152 @@
+"""Medusa heads: K small residual MLPs on the base model's last hidden state.
+
+Head k reads h_t (the lm_head input at position t) and predicts token x_{t+k+1}; the base
+lm_head itself already predicts x_{t+1}. Each head is `num_layers` residual blocks
+x + SiLU(W x + b), zero-initialised so a fresh head starts as the identity, followed by a
+projection to the vocabulary: either the head's own copy of the base lm_head, or the frozen
+base lm_head shared by all heads (only the blocks train).
+
+On disk: `config.json` + `model.safetensors` (see `save_pretrained`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+MODEL_TYPE = "specheads-medusa"
+
+
+@dataclass
+class MedusaConfig:
+    num_heads: int = 4
+    num_layers: int = 1
+    hidden_size: int = 0
+    vocab_size: int = 0
+    own_lm_head: bool = False  # False: reuse the frozen base lm_head (small); True: one trained copy per head
+    base_model_name_or_path: str = ""
+
+    def __post_init__(self):
+        for name in ("num_heads", "num_layers", "hidden_size", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "num_layers" else 1):
+                raise ValueError(f"MedusaConfig.{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def for_base(cls, base_config, name_or_path: str, **settings) -> "MedusaConfig":
+        return cls(hidden_size=base_config.hidden_size, vocab_size=base_config.vocab_size,
+                   base_model_name_or_path=name_or_path, **settings)
+
+
+class ResidualBlock(nn.Module):
+    """x + SiLU(W x + b), with W and b zero so the block starts as the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K heads over the base's final hidden state. Call with the base lm_head when it is shared."""
+
+    def __init__(self, config: MedusaConfig, base_lm_head: nn.Linear | None = None):
+        super().__init__()
+        self.config = config
+        # A fresh module per block and per head: `[Block(h)] * n` would share one set of weights.
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResidualBlock(config.hidden_size) for _ in range(config.num_layers)))
+            for _ in range(config.num_heads)
+        )
+        self.lm_heads = None
+        if config.own_lm_head:
+            self.lm_heads = nn.ModuleList(
+                nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads)
+            )
+            if base_lm_head is not None:
+                self.init_from_base_lm_head(base_lm_head)
+
+    @torch.no_grad()
+    def init_from_base_lm_head(self, base_lm_head: nn.Linear) -> None:
+        for lm_head in self.lm_heads:
+            lm_head.weight.copy_(base_lm_head.weight.to(lm_head.weight.dtype))
+
+    def forward(self, hidden_states: torch.Tensor, base_lm_head: nn.Module | None = None) -> torch.Tensor:
+        """hidden_states [..., H] -> logits [K, ..., V]."""
+        transformed = torch.stack([blocks(hidden_states) for blocks in self.blocks])  # [K, ..., H]
+        if self.lm_heads is not None:
+            return torch.stack([lm_head(x) for lm_head, x in zip(self.lm_heads, transformed)])
+        if base_lm_head is None:
+            raise ValueError("these Medusa heads share the base lm_head: pass base_lm_head=model.get_output_embeddings()")
+        return base_lm_head(transformed)  # one matmul for all heads, no copy of the logits
+
+    # ---- on-disk format -------------------------------------------------------------------
+
+    def save_pretrained(self, directory: str | Path, extra: dict | None = None) -> None:
+        """Write config.json (+ `extra` fields such as a tree) and model.safetensors."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()}
+        save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        config = {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+    @staticmethod
+    def read_config(directory: str | Path) -> tuple[MedusaConfig, dict]:
+        """Read config.json -> (MedusaConfig, the other fields it holds)."""
+        path = Path(directory) / CONFIG_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"no Medusa heads at {directory}: {CONFIG_NAME} is missing")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        if raw.get("model_type") != MODEL_TYPE:
+            raise ValueError(f"{path}: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
+        known = {f.name for f in fields(MedusaConfig)}
+        try:
+            config = MedusaConfig(**{k: v for k, v in raw.items() if k in known})
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from err
+        extra = {k: v for k, v in raw.items() if k not in known and k != "model_type"}
+        return config, extra
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "MedusaHeads":
+        """Load heads; with `base_model`, first check they fit it (hidden size, vocabulary)."""
+        config, extra = cls.read_config(directory)
+        if base_model is not None:
+            check_compatible(config, base_model.config, source=str(directory))
+        heads = cls(config)
+        weights_path = Path(directory) / WEIGHTS_NAME
+        try:
+            state = load_file(str(weights_path), device=map_location)
+        except Exception as err:  # safetensors raises several types for damaged files
+            raise ValueError(f"cannot read {weights_path}: {err}") from err
+        missing, unexpected = heads.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{weights_path}: missing tensors {missing}, unexpected tensors {unexpected}")
+        heads.extra_config = extra
+        return heads
+
+
+def check_compatible(config: MedusaConfig, base_config, source: str = "heads") -> None:
+    """Heads trained for one base are meaningless on another: refuse a size or vocabulary mismatch."""
+    problems = []
+    if config.hidden_size != base_config.hidden_size:
+        problems.append(f"hidden_size {config.hidden_size} (heads) != {base_config.hidden_size} (base)")
+    if config.vocab_size != base_config.vocab_size:
+        problems.append(f"vocab_size {config.vocab_size} (heads) != {base_config.vocab_size} (base)")
+    if problems:
+        raise ValueError(f"{source} do not fit this base model: " + "; ".join(problems))

@@ -1,0 +1,53 @@
+"""Shared fixtures: the real SmolLM2 tokenizer and tiny random models saved as local folders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from specheads.data.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer):
+    """A 2-layer random Llama with SmolLM2's tokenizer and chat template, saved like any HF model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    smollm2_tokenizer.save_pretrained(path)
+    return path
+
+
+def write_jsonl(path, records):
+    with open(path, "w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+
+
+def synthetic_sharegpt(n: int, seed: int = 0) -> list[dict]:
+    """Small ShareGPT-format conversations with a learnable pattern in the answers."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+    records = []
+    for i in range(n):
+        start = rng.randrange(len(words))
+        answer = " ".join(words[(start + j) % len(words)] for j in range(12))
+        records.append({"id": f"c{i}", "conversations": [
+            {"from": "human", "value": f"Count the words from {words[start]}."},
+            {"from": "gpt", "value": answer}]})
+    return records

@@ -1,0 +1,66 @@
+"""Shifted targets, the weighted Medusa loss and accuracy counts on hand-made tensors."""
+
+import math
+
+import torch
+
+from specheads.train.losses import estimated_tau, medusa_loss, select_trained_positions, shifted_targets, topk_hits
+
+I = -100
+
+
+def test_shifted_targets_by_hand():
+    labels = torch.tensor([[I, I, 10, 11, 12, 13]])
+    targets = shifted_targets(labels, num_heads=2)
+    # head 1 at t predicts t+2, head 2 predicts t+3
+    assert targets[0].tolist() == [[10, 11, 12, 13, I, I]]
+    assert targets[1].tolist() == [[11, 12, 13, I, I, I]]
+
+
+def test_select_positions_keeps_only_positions_with_targets():
+    labels = torch.tensor([[I, I, I, I, 7, 8]])
+    hidden = torch.arange(6.0).view(1, 6, 1)
+    kept, targets = select_trained_positions(hidden, labels, num_heads=2)
+    assert kept.view(-1).tolist() == [1.0, 2.0, 3.0]  # t+2 or t+3 lands on a label
+    assert targets.tolist() == [[I, 7, 8], [7, 8, I]]
+
+
+def test_medusa_loss_weights_and_ignore():
+    vocab = 5
+    logits = torch.zeros(2, 3, vocab)
+    targets = torch.tensor([[1, 2, I], [I, I, I]])
+    total, per_head = medusa_loss(logits, targets, decay=0.8)
+    assert math.isclose(per_head[0].item(), math.log(vocab), rel_tol=1e-6)
+    assert per_head[1].item() == 0.0  # no targets: no loss, no NaN
+    assert math.isclose(total.item(), 0.8 * math.log(vocab), rel_tol=1e-6)
+
+
+def test_topk_hits_by_hand():
+    logits = torch.tensor([[[5.0, 4, 3, 2, 1, 0], [0, 1, 2, 3, 4, 5]]])  # one head, two positions
+    targets = torch.tensor([[1, 5]])
+    counts = topk_hits(logits, targets, ks=(1, 2))
+    assert counts.tolist() == [[1.0, 2.0, 2.0]]  # pos 0: rank 2, pos 1: rank 1
+
+
+def test_estimated_tau():
+    assert estimated_tau([]) == 1.0
+    assert math.isclose(estimated_tau([0.5, 0.5]), 1 + 0.5 + 0.25)
+
+
+def test_loss_falls_when_training_heads():
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(8, 20, bias=False)
+    heads = MedusaHeads(MedusaConfig(num_heads=2, num_layers=1, hidden_size=8, vocab_size=20))
+    hidden = torch.randn(16, 8)
+    targets = torch.randint(0, 20, (2, 16))
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=1e-2)
+    first = None
+    for _ in range(50):
+        loss, _ = medusa_loss(heads(hidden, lm_head), targets)
+        first = first if first is not None else loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.85 * first

@@ -1,0 +1,59 @@
+"""ShareGPT reading: truncated JSON recovery, JSONL, role normalisation, the fixed split."""
+
+import json
+
+import pytest
+
+from specheads.data.sharegpt import load_conversations, normalise, split_heldout
+
+from conftest import synthetic_sharegpt, write_jsonl
+
+
+def test_truncated_json_yields_every_complete_record(tmp_path):
+    records = synthetic_sharegpt(5)
+    text = json.dumps(records, indent=2)
+    cut = text[: text.index('"c4"') + 20]  # stop inside the last record
+    path = tmp_path / "cut.json"
+    path.write_text(cut)
+    conversations = load_conversations(str(path))
+    assert [c.id for c in conversations] == ["c0", "c1", "c2", "c3"]
+    assert conversations[0].messages[1]["role"] == "assistant"
+
+
+def test_complete_json_and_jsonl(tmp_path):
+    records = synthetic_sharegpt(4)
+    (tmp_path / "all.json").write_text(json.dumps(records))
+    write_jsonl(tmp_path / "all.jsonl", records)
+    assert len(load_conversations(str(tmp_path / "all.json"))) == 4
+    assert len(load_conversations(str(tmp_path / "all.jsonl"))) == 4
+
+
+def test_normalise_roles():
+    record = {"id": "x", "conversations": [
+        {"from": "gpt", "value": "orphan answer"},
+        {"from": "human", "value": "q1"}, {"from": "human", "value": "q1b"},
+        {"from": "gpt", "value": ""}, {"from": "gpt", "value": "a1"}]}
+    conversation = normalise(record, 0)
+    assert conversation.messages == [{"role": "user", "content": "q1\nq1b"}, {"role": "assistant", "content": "a1"}]
+    assert normalise({"conversations": [{"from": "human", "value": "q"}]}, 1) is None
+
+
+def test_split_is_fixed_and_disjoint(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", synthetic_sharegpt(50))
+    conversations = load_conversations(str(tmp_path / "d.jsonl"))
+    train_a, held_a = split_heldout(conversations, 10, seed=3)
+    train_b, held_b = split_heldout(conversations, 10, seed=3)
+    assert [c.id for c in held_a] == [c.id for c in held_b] and len(held_a) == 10
+    assert not {c.id for c in held_a} & {c.id for c in train_a}
+    assert [c.id for c in split_heldout(conversations, 10, seed=4)[1]] != [c.id for c in held_a]
+
+
+def test_builtin_sharegpt_recovers_the_truncated_file():
+    conversations = load_conversations("sharegpt")
+    assert 17_000 < len(conversations) < 17_700
+    assert all(c.messages[0]["role"] in ("user", "system") for c in conversations[:100])
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        load_conversations(str(tmp_path / "nope.json"))

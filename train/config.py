@@ -1,0 +1,120 @@
+"""Typed, validated training configs.
+
+A config is a tree of dataclasses loaded from YAML, plus `section.key=value` overrides from
+the command line. Every key must exist and every value must have the declared type; a
+mistake is an error that names the key and the file it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _check_value(value, tp, where: str, source: str):
+    """Return `value` as type `tp` (ints widen to float), or raise ConfigError naming `where`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check_value(value, option, where, source)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{source}: {where} must be {' or '.join(_type_name(o) for o in options)}, "
+                          f"got {type(value).__name__} {value!r}")
+    if origin is list:
+        (item_type,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: {where} must be a list, got {type(value).__name__} {value!r}")
+        return [_check_value(item, item_type, f"{where}[{i}]", source) for i, item in enumerate(value)]
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{source}: {where} must be one of {list(typing.get_args(tp))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where, source)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+        raise ConfigError(f"{source}: {where} must be {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _build(cls, values, where: str, source: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: {where or 'the config'} must be a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    field_names = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
+        if key not in field_names:
+            name = f"{where}.{key}" if where else key
+            raise ConfigError(f"{source}: unknown key {name!r} (known here: {', '.join(field_names)})")
+    kwargs = {key: _check_value(value, hints[key], f"{where}.{key}" if where else key, source)
+              for key, value in values.items()}
+    try:
+        obj = cls(**kwargs)
+    except TypeError as err:
+        raise ConfigError(f"{source}: {where or 'config'}: {err}") from err
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as err:
+            raise ConfigError(f"{source}: {err}") from err
+    return obj
+
+
+def _apply_override(tree: dict, override: str, source: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"{source}: override {override!r} must look like section.key=value")
+    dotted, raw = override.split("=", 1)
+    parts = dotted.strip().split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{source}: {dotted!r} does not name a config key")
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def load_config(cls, path: str | Path | None, overrides: list[str] = ()):
+    """Read YAML at `path` into dataclass `cls`, apply `section.key=value` overrides, validate."""
+    tree = {}
+    source = str(path) if path else "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    for override in overrides:
+        _apply_override(tree, override, f"{source} (override {override!r})" if overrides else source)
+    return _build(cls, tree, "", source if not overrides else f"{source} + command-line overrides")
+
+
+def config_to_dict(config) -> dict:
+    return dataclasses.asdict(config)

@@ -1,0 +1,65 @@
+"""Shifted-target losses and accuracies for Medusa heads (pure tensor functions).
+
+Head k (1-based) at position t predicts token t+k+1, so its target row is the label row
+shifted left by k+1. Positions whose target is IGNORE_INDEX (not an assistant token, or past
+the end) carry no loss.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specheads.data.tokenization import IGNORE_INDEX
+
+
+def shifted_targets(labels: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """labels [B, T] -> targets [K, B, T] with targets[k-1, :, t] = labels[:, t+k+1]."""
+    batch, length = labels.shape
+    targets = labels.new_full((num_heads, batch, length), IGNORE_INDEX)
+    for k in range(1, num_heads + 1):
+        shift = k + 1
+        if shift < length:
+            targets[k - 1, :, : length - shift] = labels[:, shift:]
+    return targets
+
+
+def select_trained_positions(hidden: torch.Tensor, labels: torch.Tensor, num_heads: int):
+    """Keep only positions where some head has a target: hidden [N, H], targets [K, N]."""
+    targets = shifted_targets(labels, num_heads)
+    keep = (targets != IGNORE_INDEX).any(dim=0)
+    return hidden[keep], targets[:, keep]
+
+
+def medusa_loss(logits: torch.Tensor, targets: torch.Tensor, decay: float = 0.8):
+    """Σ_k decay^k · CE(head_k, targets_k), k = 1..K. Returns (total, per-head mean losses [K]).
+
+    One cross-entropy call over all heads with ignore_index: indexing each head's logits
+    separately would allocate (and zero-fill, in backward) a copy of the huge logits tensor.
+    """
+    num_heads, vocab = logits.shape[0], logits.shape[-1]
+    token_losses = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1),
+                                   ignore_index=IGNORE_INDEX, reduction="none").view(num_heads, -1)
+    counts = (targets != IGNORE_INDEX).reshape(num_heads, -1).sum(-1).clamp(min=1)
+    per_head = token_losses.float().sum(-1) / counts
+    weights = decay ** torch.arange(1, num_heads + 1, dtype=per_head.dtype, device=per_head.device)
+    return (weights * per_head).sum(), per_head
+
+
+@torch.no_grad()
+def topk_hits(logits: torch.Tensor, targets: torch.Tensor, ks=(1, 5)) -> torch.Tensor:
+    """Counts per head: [K, len(ks) + 1] = hits at each k, then the number of valid targets."""
+    valid = targets != IGNORE_INDEX
+    top = logits.topk(max(ks), dim=-1).indices  # [K, N, maxk]
+    match = (top == targets.unsqueeze(-1)) & valid.unsqueeze(-1)
+    counts = [match[..., :k].any(-1).sum(-1) for k in ks] + [valid.sum(-1)]
+    return torch.stack(counts, dim=-1).to(torch.float64)
+
+
+def estimated_tau(top1: list[float]) -> float:
+    """Acceptance length of a chain of heads: 1 + Σ_k Π_{j≤k} acc_j (the root token counts as 1)."""
+    tau, product = 1.0, 1.0
+    for accuracy in top1:
+        product *= accuracy
+        tau += product
+    return tau
