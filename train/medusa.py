@@ -135,7 +135,7 @@ def micro_batches(num_examples: int, cfg: TrainSection, world: int, rank: int, s
 def base_hidden_states(base, batch):
     """The frozen base's last hidden state (lm_head input), without building a graph."""
     with torch.no_grad():
-        out = base.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        out = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     return out.last_hidden_state
 
 
@@ -218,6 +218,9 @@ def train(cfg: MedusaTrainConfig, resume: bool = False) -> dict:
 
     step, micro_start = 0, 0
     checkpoints = out / "checkpoints"
+    if not resume and latest_checkpoint(checkpoints) is not None:
+        raise SystemExit(f"{checkpoints} already holds checkpoints: pass --resume to continue that run, "
+                         "or set train.output_dir to a new folder (nothing was overwritten)")
     if resume:
         latest = latest_checkpoint(checkpoints)
         if latest is None:
@@ -254,6 +257,7 @@ def train(cfg: MedusaTrainConfig, resume: bool = False) -> dict:
     batches = micro_batches(len(train_examples), t, accelerator.num_processes, accelerator.process_index,
                             micro_start)
     heads.train()
+    run_start, run_samples, run_tokens = time.time(), 0, 0
     while step < total_steps:
         micro_index, indices = next(batches)
         batch = {k: v.to(accelerator.device)
@@ -278,6 +282,8 @@ def train(cfg: MedusaTrainConfig, resume: bool = False) -> dict:
         window["micro"] += 1
         window["samples"] += len(indices) * accelerator.num_processes
         window["tokens"] += int(batch["attention_mask"].sum()) * accelerator.num_processes
+        run_samples += len(indices) * accelerator.num_processes
+        run_tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
         if not accelerator.sync_gradients:
             continue
         scheduler.step()
@@ -297,15 +303,24 @@ def train(cfg: MedusaTrainConfig, resume: bool = False) -> dict:
         if step % t.save_every == 0 or step == total_steps:
             save(step, micro_index + 1)
     progress.close()
+    train_seconds = time.time() - run_start
 
     result = evaluate(base, heads, heldout_examples, tokenizer.pad_token_id, t.batch_size, accelerator)
     accelerator.log(eval_logs(result), step=step)
+    if run_samples:  # throughput of this process run (a resumed run counts only its own part)
+        result["throughput"] = {"samples_per_s": run_samples / train_seconds, "tokens_per_s": run_tokens / train_seconds,
+                                "seconds": train_seconds, "samples": run_samples, "processes": accelerator.num_processes}
     if main:
         final = accelerator.unwrap_model(heads)
-        final.save_pretrained(out / "heads", extra={"heldout_accuracy": result})
+        accuracy = {key: result[key] for key in ("top1", "top5", "tokens", "estimated_tau")}
+        final.save_pretrained(out / "heads", extra={"heldout_accuracy": accuracy})
         (out / "eval.json").write_text(json.dumps(result, indent=2))
         print("held-out accuracy of the heads (assistant tokens):")
         print(format_accuracy(result))
+        if "throughput" in result:
+            tp = result["throughput"]
+            print(f"training throughput: {tp['samples_per_s']:.2f} samples/s, {tp['tokens_per_s']:.0f} tokens/s "
+                  f"({tp['samples']} samples in {tp['seconds']:.0f} s)")
         print(f"heads saved to {out / 'heads'}")
     accelerator.end_training()
     return result

@@ -1,0 +1,94 @@
+"""Acceptance rules for a verified candidate tree (pure tensor functions).
+
+Every rule sees the tree's node tokens, the base model's scores at every node (what it
+predicts *after* that node) and the tree structure, and returns the accepted nodes (a
+root-to-node path, root included) plus the bonus token drawn from the last accepted node.
+
+- greedy:   a node is accepted when its token is the argmax after its parent (lossless at T=0).
+- typical:  Medusa's typical acceptance, p(x) > min(ε, δ·exp(−H(p))); fast, not lossless.
+- lossless: SpecInfer/EAGLE-style recursive rejection over deterministic (top-k) children:
+            the output distribution equals the base model's sampling distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tree import TreeBuffers
+
+
+def _path_matches(tokens: torch.Tensor, ok_after_parent: torch.Tensor, retrieve: torch.Tensor) -> torch.Tensor:
+    """[P, D] bool: whether each node of each root-to-leaf path passes, given a per-node verdict."""
+    children = retrieve[:, 1:]
+    valid = children >= 0
+    return ok_after_parent[children.clamp(min=0)] & valid
+
+
+def greedy_accept(tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffers):
+    """tokens [N], logits [N, V] -> (accepted node indices [a+1], bonus token id)."""
+    predicted = logits.argmax(dim=-1)  # the base's choice after each node
+    parent_choice = predicted[buffers.parent.clamp(min=0)]
+    ok = tokens == parent_choice
+    matches = _path_matches(tokens, ok, buffers.retrieve_indices)
+    lengths = matches.int().cumprod(dim=1).sum(dim=1)
+    best = int(lengths.argmax())
+    accepted = buffers.retrieve_indices[best, : int(lengths[best]) + 1]
+    return accepted, int(predicted[accepted[-1]])
+
+
+def typical_accept(tokens: torch.Tensor, probs: torch.Tensor, buffers: TreeBuffers,
+                   epsilon: float = 0.09, delta: float = 0.3):
+    """Medusa's typical acceptance over temperature-scaled probs [N, V]; ties go to the likelier path.
+
+    Returns the accepted node indices; the caller draws the bonus token from the last one.
+    """
+    entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(dim=-1)  # [N]
+    threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
+    parent = buffers.parent.clamp(min=0)
+    token_prob = probs[parent, tokens]  # probability of each node's token after its parent
+    ok = token_prob > threshold[parent]
+    matches = _path_matches(tokens, ok, buffers.retrieve_indices)
+    accepted_mask = matches.int().cumprod(dim=1).bool()
+    lengths = accepted_mask.sum(dim=1)
+    log_p = torch.log(token_prob.clamp(min=1e-30))[buffers.retrieve_indices[:, 1:].clamp(min=0)]
+    likelihood = (log_p * accepted_mask).sum(dim=1)
+    longest = lengths == lengths.max()
+    best = int(torch.where(longest, likelihood, torch.full_like(likelihood, -float("inf"))).argmax())
+    return buffers.retrieve_indices[best, : int(lengths[best]) + 1]
+
+
+def children_lists(buffers: TreeBuffers) -> list[list[int]]:
+    """Children of each node, best rank first."""
+    children = [[] for _ in range(buffers.num_nodes)]
+    for node, parent in enumerate(buffers.parent.tolist()):
+        if parent >= 0:
+            children[parent].append(node)
+    return children
+
+
+def lossless_accept(tokens: torch.Tensor, probs: torch.Tensor, children: list[list[int]],
+                    generator: torch.Generator | None = None):
+    """Recursive rejection sampling down the tree; returns (accepted node indices, bonus token).
+
+    At a node with target distribution p, each child proposes its token x deterministically
+    (q is a point mass), so it is accepted with probability p(x); on rejection p(x) is set to 0
+    and p renormalised before the next child. If every child fails, the bonus is drawn from
+    what is left of p. The tokens produced are distributed exactly as sampling from p.
+    """
+    tokens_list = tokens.tolist()
+    node, accepted = 0, [0]
+    while True:
+        p = probs[node].double().clone()
+        moved = False
+        for child in children[node]:
+            token = tokens_list[child]
+            total = p.sum()
+            u = torch.rand((), generator=generator, dtype=torch.float64, device=p.device)
+            if u * total < p[token]:
+                node, moved = child, True
+                accepted.append(child)
+                break
+            p[token] = 0.0
+        if not moved:
+            bonus = int(torch.multinomial(p / p.sum(), 1, generator=generator))
+            return torch.tensor(accepted, device=tokens.device), bonus

@@ -1,0 +1,202 @@
+"""Tree-speculative decoding with Medusa heads through the public transformers API.
+
+One step, given the cache of everything accepted so far and the next (root) token:
+  1. the heads, run on the hidden state of the last accepted token, propose top-k tokens per
+     future position; the static tree picks which combinations to try;
+  2. the base model scores every tree node in ONE forward: a 4D attention mask lets each node
+     see the prefix and its own ancestors, explicit position ids put it at prefix + depth;
+  3. an acceptance rule (acceptance.py) keeps the longest agreeing path plus a bonus token;
+  4. the cache keeps only the accepted path (kv_cache.py) and the bonus token becomes the root.
+With no heads (or an empty tree) the same loop is plain one-token-at-a-time decoding.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from .acceptance import children_lists, greedy_accept, lossless_accept, typical_accept
+from .kv_cache import keep_accepted_path, prepare_cache_for_rollback
+from .tree import TreeBuffers, build_tree_buffers
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    acceptance: str = "auto"  # auto (greedy at T=0, lossless at T>0) | greedy | typical | lossless
+    typical_epsilon: float = 0.09
+    typical_delta: float = 0.3
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.acceptance not in ("auto", "greedy", "typical", "lossless"):
+            raise ValueError(f"acceptance must be auto, greedy, typical or lossless, got {self.acceptance!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def rule(self) -> str:
+        if self.temperature == 0:
+            return "greedy"
+        return "lossless" if self.acceptance in ("auto", "greedy") else self.acceptance
+
+    def warpers(self) -> LogitsProcessorList:
+        """HF's own warpers, in the order `generate` applies them, so sampling matches it exactly."""
+        warpers = LogitsProcessorList()
+        if self.temperature not in (0.0, 1.0):
+            warpers.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k:
+            warpers.append(TopKLogitsWarper(top_k=self.top_k))
+        if self.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p=self.top_p))
+        return warpers
+
+
+@dataclass
+class DecodeStats:
+    base_forwards: int = 0
+    new_tokens: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens produced by each tree step
+    seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """Tokens per base forward, bonus token included (plain decoding = 1.0)."""
+        return self.new_tokens / max(self.base_forwards, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+class TreeDecoder:
+    """Decode with Medusa heads and a static tree; `heads=None` gives plain decoding."""
+
+    def __init__(self, model, heads=None, tree=None):
+        self.model = model
+        self.heads = heads
+        if heads is None:
+            tree = []
+        elif tree is None:
+            tree = (getattr(heads, "extra_config", None) or {}).get("tree")
+            if tree is None:
+                raise ValueError("no tree given and the heads folder holds none: pass tree= (see scripts/build_tree.py)")
+        tree = [tuple(path) for path in tree]
+        num_heads = heads.config.num_heads if heads is not None else 0
+        self.top_k = max((max(path) for path in tree), default=0) + 1
+        self.buffers: TreeBuffers = build_tree_buffers(tree, num_heads, self.top_k).to(model.device)
+        self.children = children_lists(self.buffers)
+        self.depth = int(self.buffers.depths.max())
+        self.lm_head = model.get_output_embeddings()
+        if heads is not None:
+            heads.to(device=model.device, dtype=model.dtype).eval()
+        dtype_min = torch.finfo(model.dtype).min
+        tree_mask = torch.zeros(self.buffers.attention_mask.shape, dtype=model.dtype, device=model.device)
+        self._tree_mask = tree_mask.masked_fill(~self.buffers.attention_mask, dtype_min)
+        # transformers 5.x renames `past_key_values` to `cache`; use whichever this model takes.
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self.stats = DecodeStats()
+
+    # ---- pieces of a step -----------------------------------------------------------------
+
+    def _forward(self, input_ids, position_ids, attention_mask, cache):
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                         use_cache=True, output_hidden_states=True, **{self._cache_argument: cache})
+        self.stats.base_forwards += 1
+        return out.logits[0], out.hidden_states[-1][0]
+
+    def _candidates(self, root: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Node tokens [N]: the root, then the heads' top-k tokens placed by the tree."""
+        if self.heads is None or self.depth == 0:
+            return torch.tensor([root], device=hidden.device)
+        head_logits = self.heads(hidden[None], self.lm_head)[: self.depth, 0]  # [D, V]
+        top = head_logits.topk(self.top_k, dim=-1).indices.flatten()
+        flat = torch.cat([torch.tensor([root], device=top.device), top])
+        return flat[self.buffers.candidate_index]
+
+    def _tree_attention_mask(self, prefix_length: int) -> torch.Tensor:
+        n = self.buffers.num_nodes
+        prefix = torch.zeros((n, prefix_length), dtype=self._tree_mask.dtype, device=self._tree_mask.device)
+        return torch.cat([prefix, self._tree_mask], dim=1)[None, None]
+
+    def _probs(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        scores = sampling.warpers()(None, logits.float())
+        return torch.softmax(scores, dim=-1)
+
+    # ---- generation -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
+                 eos_token_ids=()) -> Iterator[list[int]]:
+        """Yield lists of new token ids as they are accepted; stop at EOS or max_new_tokens."""
+        sampling = sampling or SamplingConfig()
+        rule = sampling.rule
+        generator = None
+        if rule != "greedy":
+            generator = torch.Generator(device=self.model.device)
+            generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+        eos = set(int(t) for t in eos_token_ids)
+        self.stats = stats = DecodeStats()
+        start = time.perf_counter()
+        input_ids = input_ids.to(self.model.device)
+        cache = DynamicCache(config=self.model.config)
+        prepare_cache_for_rollback(cache)
+
+        # Prefill: the prompt's last position gives the first token and the heads' first guesses.
+        length = input_ids.shape[1]
+        positions = torch.arange(length, device=input_ids.device)[None]
+        logits, hidden = self._forward(input_ids, positions, None, cache)
+        if rule == "greedy":
+            root = int(logits[-1].argmax())
+        else:
+            root = int(torch.multinomial(self._probs(logits[-1:], sampling)[0], 1, generator=generator))
+        last_hidden = hidden[-1]
+        produced = 0
+        pending = [root]
+        while True:
+            # Emit what the last step accepted (its bonus token is the next root).
+            emit = pending[: max_new_tokens - produced]
+            stop = False
+            for i, token in enumerate(emit):
+                if token in eos:
+                    emit, stop = emit[: i + 1], True
+                    break
+            produced += len(emit)
+            stats.new_tokens = produced
+            stats.seconds = time.perf_counter() - start
+            if emit:
+                yield emit
+            if stop or produced >= max_new_tokens:
+                return
+
+            step_start = time.perf_counter()
+            tokens = self._candidates(root, last_hidden)
+            positions = (length + self.buffers.depths)[None]
+            logits, hidden = self._forward(tokens[None], positions, self._tree_attention_mask(length), cache)
+            if rule == "greedy":
+                accepted, bonus = greedy_accept(tokens, logits, self.buffers)
+            elif rule == "typical":
+                probs = self._probs(logits, sampling)
+                accepted = typical_accept(tokens, probs, self.buffers, sampling.typical_epsilon, sampling.typical_delta)
+                bonus = int(torch.multinomial(probs[accepted[-1]], 1, generator=generator))
+            else:
+                accepted, bonus = lossless_accept(tokens, self._probs(logits, sampling), self.children, generator)
+            keep_accepted_path(cache, self.buffers.num_nodes, accepted)
+            length += len(accepted)
+            last_hidden = hidden[accepted[-1]]
+            pending = tokens[accepted[1:]].tolist() + [bonus]
+            root = bonus
+            stats.accepted_lengths.append(len(pending))
+            stats.step_seconds.append(time.perf_counter() - step_start)
+
+    def generate_ids(self, input_ids, max_new_tokens, sampling=None, eos_token_ids=()) -> list[int]:
+        return [t for chunk in self.generate(input_ids, max_new_tokens, sampling, eos_token_ids) for t in chunk]

@@ -1,0 +1,130 @@
+"""Static candidate trees as rank paths, and the tensors a verification step needs.
+
+A tree is a list of paths of top-k ranks: (0,) is head 1's best token, (0, 1) is head 2's
+second-best token placed under it. Node 0 is the root (the token the base model chose last);
+every path is one more node. From the paths alone we derive, once per tree:
+
+  attention_mask   [N, N] bool: node i sees node j iff j is i or an ancestor of i
+  depths           [N]: 0 for the root; position id = prefix length + depth
+  candidate_index  [N]: where each node's token sits in the flat candidate list
+                   [root, head-1 top-k ..., head-2 top-k ..., ...]
+  retrieve_indices [P, D+1]: node indices along each root-to-leaf path, padded with -1
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+Tree = list[tuple[int, ...]]
+
+
+class TreeError(ValueError):
+    pass
+
+
+def validate_tree(paths, num_heads: int, top_k: int) -> Tree:
+    """Check a tree and return its paths sorted so that every parent precedes its children."""
+    tree = []
+    for path in paths:
+        path = tuple(path)
+        if not path:
+            raise TreeError("empty path: the root is implicit, list only its descendants")
+        if any(not isinstance(rank, int) or rank < 0 for rank in path):
+            raise TreeError(f"path {path}: ranks must be non-negative integers")
+        tree.append(path)
+    seen = set()
+    for path in tree:
+        if path in seen:
+            raise TreeError(f"duplicate path {path}")
+        seen.add(path)
+    for path in tree:
+        if len(path) > num_heads:
+            raise TreeError(f"path {path} has depth {len(path)} but there are only {num_heads} heads")
+        if max(path) >= top_k:
+            raise TreeError(f"path {path} uses rank {max(path)} but candidates are top-{top_k}")
+        if len(path) > 1 and path[:-1] not in seen:
+            raise TreeError(f"path {path} is an orphan: its parent {path[:-1]} is not in the tree")
+    return sorted(tree, key=lambda p: (len(p), p))
+
+
+@dataclass
+class TreeBuffers:
+    paths: Tree
+    top_k: int
+    attention_mask: torch.Tensor
+    depths: torch.Tensor
+    candidate_index: torch.Tensor
+    retrieve_indices: torch.Tensor
+    parent: torch.Tensor  # [N] index of each node's parent (-1 for the root)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths) + 1
+
+    def to(self, device) -> "TreeBuffers":
+        return TreeBuffers(self.paths, self.top_k, *(t.to(device) for t in (
+            self.attention_mask, self.depths, self.candidate_index, self.retrieve_indices, self.parent)))
+
+
+def build_tree_buffers(paths, num_heads: int, top_k: int) -> TreeBuffers:
+    tree = validate_tree(paths, num_heads, top_k)
+    index = {(): 0, **{path: i + 1 for i, path in enumerate(tree)}}
+    n = len(tree) + 1
+    attention_mask = torch.zeros(n, n, dtype=torch.bool)
+    depths = torch.zeros(n, dtype=torch.long)
+    candidate_index = torch.zeros(n, dtype=torch.long)
+    parent = torch.full((n,), -1, dtype=torch.long)
+    attention_mask[0, 0] = True
+    for path in tree:
+        i = index[path]
+        depths[i] = len(path)
+        candidate_index[i] = 1 + (len(path) - 1) * top_k + path[-1]
+        parent[i] = index[path[:-1]]
+        for cut in range(len(path) + 1):
+            attention_mask[i, index[path[:cut]]] = True
+    leaves = [p for p in tree if not any(q[:-1] == p for q in tree)] or [()]
+    depth = max((len(p) for p in tree), default=0)
+    retrieve = torch.full((len(leaves), depth + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        for cut in range(len(leaf) + 1):
+            retrieve[row, cut] = index[leaf[:cut]]
+    return TreeBuffers(tree, top_k, attention_mask, depths, candidate_index, retrieve, parent)
+
+
+def chain_tree(depth: int) -> Tree:
+    """Top-1 of each head, one after another."""
+    return [tuple([0] * d) for d in range(1, depth + 1)]
+
+
+def tree_from_accuracies(rank_accuracy: list[list[float]], num_nodes: int) -> Tree:
+    """Medusa's greedy construction: grow the tree by the node most likely to be accepted.
+
+    rank_accuracy[d][r] = probability that head d+1's rank-r token is the right one. A node's
+    acceptance probability is the product along its path, so a child never beats its parent
+    and taking nodes best-first keeps the tree closed under ancestors.
+    """
+    heap = [(-rank_accuracy[0][r], (r,)) for r in range(len(rank_accuracy[0]))]
+    heapq.heapify(heap)
+    tree = []
+    while heap and len(tree) < num_nodes:
+        neg_p, path = heapq.heappop(heap)
+        tree.append(path)
+        depth = len(path)
+        if depth < len(rank_accuracy):
+            for r, acc in enumerate(rank_accuracy[depth]):
+                heapq.heappush(heap, (neg_p * acc, path + (r,)))
+    return validate_tree(tree, len(rank_accuracy), max(len(row) for row in rank_accuracy))
+
+
+def expected_tau(tree: Tree, rank_accuracy: list[list[float]]) -> float:
+    """Expected tokens per step: the bonus token plus each node's chance of being accepted."""
+    tau = 1.0
+    for path in tree:
+        p = 1.0
+        for depth, rank in enumerate(path):
+            p *= rank_accuracy[depth][rank]
+        tau += p
+    return tau

@@ -1,0 +1,80 @@
+"""Regenerate the README's results section from a finished training run.
+
+    python scripts/results.py --run runs/smollm2-135m-medusa1 [--readme README.md]
+
+Reads <run>/eval.json (written by train/medusa.py) and <run>/train_config.json, and replaces
+the text between the results markers in the README with a table, the command, date and machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+# Vicuna-7B, 5 heads, ShareGPT (Medusa paper, via shared/REFERENCE.md)
+VICUNA_TOP1 = [0.56, 0.32, 0.20, 0.15, 0.12]
+VICUNA_TOP5 = [0.78, 0.56, 0.42, 0.34, 0.30]
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {len(os.sched_getaffinity(0))} cores"
+
+
+def render(run: Path) -> str:
+    result = json.loads((run / "eval.json").read_text())
+    config = json.loads((run / "train_config.json").read_text())
+    rows = ["| head | top-1 | top-5 | Vicuna-7B top-1 / top-5 |", "|---:|---:|---:|---:|"]
+    for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"])):
+        ref = f"{VICUNA_TOP1[k]:.2f} / {VICUNA_TOP5[k]:.2f}" if k < len(VICUNA_TOP1) else ""
+        rows.append(f"| {k + 1} | {t1:.3f} | {t5:.3f} | {ref} |")
+    data, heads, train = config["data"], config["heads"], config["train"]
+    lines = [
+        f"Medusa-1 heads on **{config['model']['name']}**, {heads['num_heads']} heads x {heads['num_layers']} block, "
+        f"{'own' if heads['own_lm_head'] else 'shared'} lm_head, {data['dataset']} "
+        f"({data['max_train_conversations'] or 'all'} training conversations, max {data['max_length']} tokens), "
+        f"held-out per-head accuracy on {int(result['tokens'][0])} assistant tokens:",
+        "",
+        *rows,
+        "",
+        f"Estimated chain τ (1 + Σ_k Π_j≤k top-1_j): **{result['estimated_tau']:.2f}**.",
+    ]
+    if "throughput" in result:
+        tp = result["throughput"]
+        lines.append(f"Training throughput: **{tp['samples_per_s']:.2f} samples/s** "
+                     f"({tp['tokens_per_s']:.0f} tokens/s, {tp['samples']} samples in {tp['seconds']:.0f} s, "
+                     f"{tp['processes']} process).")
+    lines += ["", f"Produced by `make demo` (`python train/medusa.py --config configs/smollm2-135m.yaml`) then "
+              f"`python scripts/results.py --run {run}`; {datetime.date.today()}, {machine()}."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", default="runs/smollm2-135m-medusa1", type=Path)
+    parser.add_argument("--readme", default="README.md", type=Path)
+    args = parser.parse_args()
+    section = render(args.run)
+    text = args.readme.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{args.readme}: results markers {START} ... {END} are missing")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    args.readme.write_text(f"{head}{START}\n{section}\n{END}{tail}")
+    print(section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Medusa-1 training end to end on a tiny random Llama: outputs, resume after SIGKILL, non-finite loss."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import synthetic_sharegpt, write_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def run_config(tmp_path, tiny_llama_dir):
+    data = tmp_path / "conversations.jsonl"
+    write_jsonl(data, synthetic_sharegpt(40))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(f"""
+model:
+  name: {tiny_llama_dir}
+  dtype: fp32
+data:
+  dataset: {data}
+  max_length: 64
+  heldout_size: 8
+heads:
+  num_heads: 3
+train:
+  output_dir: {tmp_path / "run"}
+  max_steps: 6
+  batch_size: 4
+  grad_accum: 2
+  lr: 1.0e-2
+  mixed_precision: "no"
+  log_every: 1
+  save_every: 2
+""")
+    return config
+
+
+KILL_IN_NTH_SAVE = """
+import os, signal
+import specheads.train.checkpoint as checkpoint
+original, calls = checkpoint.save_file, [0]
+def dying_save_file(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == {n}:
+        os.kill(os.getpid(), signal.SIGKILL)  # a real crash, in the middle of writing a checkpoint
+    return original(*args, **kwargs)
+checkpoint.save_file = dying_save_file
+"""
+
+NAN_FROM_STEP = """
+import specheads.train.medusa as medusa
+original, calls = medusa.medusa_loss, [0]
+def poisoned_loss(*args, **kwargs):
+    calls[0] += 1
+    total, per_head = original(*args, **kwargs)
+    return (total * float("nan") if calls[0] > {n} else total), per_head
+medusa.medusa_loss = poisoned_loss
+"""
+
+
+def run_training(config, *extra, patch=None, check=True):
+    """Run train/medusa.py in a fresh process; `patch` is code run first (fault injection)."""
+    if patch is None:
+        cmd = [sys.executable, str(REPO / "train" / "medusa.py"), "--config", str(config), *extra]
+    else:
+        args = ["--config", str(config), *extra]
+        cmd = [sys.executable, "-c", patch + f"\nimport sys, specheads.train.medusa as m\nsys.exit(m.main({args!r}))\n"]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if check and result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def heads_tensors(run_dir):
+    return load_file(str(Path(run_dir) / "heads" / "model.safetensors"))
+
+
+def test_training_writes_heads_eval_and_tensorboard(run_config, tmp_path):
+    result = run_training(run_config)
+    run = tmp_path / "run"
+    assert "held-out accuracy" in result.stdout and "top-1" in result.stdout
+    evaluation = json.loads((run / "eval.json").read_text())
+    assert len(evaluation["top1"]) == 3 and all(0 <= a <= 1 for a in evaluation["top5"])
+    heads_config = json.loads((run / "heads" / "config.json").read_text())
+    assert heads_config["num_heads"] == 3 and heads_config["heldout_accuracy"]["top1"] == evaluation["top1"]
+    assert any(f.name.startswith("events.out.tfevents") for f in (run / "logs").rglob("*"))
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert checkpoints == ["step-000004", "step-000006"]  # keep_checkpoints=2
+    # the blocks moved away from their zero init
+    assert any(t.abs().sum() > 0 for t in heads_tensors(run).values())
+    # a second run without --resume refuses to overwrite
+    again = run_training(run_config, check=False)
+    assert again.returncode != 0 and "pass --resume" in again.stderr
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(run_config, tmp_path):
+    reference = run_training(run_config, "train.output_dir=" + str(tmp_path / "reference"))
+    assert reference.returncode == 0
+
+    interrupted = tmp_path / "interrupted"
+    # checkpoint.save_file runs twice per checkpoint (optimizer, rng). Call 3 is the optimizer of
+    # the step-4 checkpoint: the process dies with that checkpoint half-written (heads already on disk).
+    killed = run_training(run_config, "train.output_dir=" + str(interrupted), patch=KILL_IN_NTH_SAVE.format(n=3), check=False)
+    assert killed.returncode == -9
+    complete = sorted(p.name for p in (interrupted / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert complete == ["step-000002"]
+    assert (interrupted / "checkpoints" / ".tmp-step-000004" / "heads" / "model.safetensors").is_file()
+    resumed = run_training(run_config, "train.output_dir=" + str(interrupted), "--resume")
+    assert "resumed from" in resumed.stdout + resumed.stderr
+
+    expected, actual = heads_tensors(tmp_path / "reference"), heads_tensors(interrupted)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6)
+    assert json.loads((interrupted / "eval.json").read_text())["top1"] == pytest.approx(
+        json.loads((tmp_path / "reference" / "eval.json").read_text())["top1"])
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(run_config, tmp_path):
+    # micro-batches 1-4 are fine (2 updates with grad_accum=2), the 5th loss is NaN
+    result = run_training(run_config, "train.save_every=1", patch=NAN_FROM_STEP.format(n=4), check=False)
+    assert result.returncode == 1
+    assert "non-finite loss" in result.stdout + result.stderr
+    checkpoints = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert [c.name for c in checkpoints] == ["step-000001", "step-000002"], "the last good checkpoints survive"
+    assert "Last good checkpoint: " + str(checkpoints[-1]) in result.stdout + result.stderr
+    for tensor in load_file(str(checkpoints[-1] / "heads" / "model.safetensors")).values():
+        assert torch.isfinite(tensor).all()
+    assert not (tmp_path / "run" / "heads").exists()
