@@ -65,7 +65,9 @@ class DecodeStats:
     new_tokens: int = 0
     accepted_lengths: list[int] = field(default_factory=list)  # tokens produced by each tree step
     seconds: float = 0.0
-    step_seconds: list[float] = field(default_factory=list)
+    step_seconds: float = 0.0  # tree steps only (prefill excluded)
+    verify_seconds: float = 0.0  # of which: the base forward over the tree
+    draft_seconds: float = 0.0  # of which: the heads proposing candidates
 
     @property
     def tau(self) -> float:
@@ -180,8 +182,10 @@ class TreeDecoder:
 
             step_start = time.perf_counter()
             tokens = self._candidates(root, last_hidden)
+            verify_start = time.perf_counter()
             positions = (length + self.buffers.depths)[None]
             logits, hidden = self._forward(tokens[None], positions, self._tree_attention_mask(length), cache)
+            verify_end = time.perf_counter()
             if rule == "greedy":
                 accepted, bonus = greedy_accept(tokens, logits, self.buffers)
             elif rule == "typical":
@@ -196,7 +200,9 @@ class TreeDecoder:
             pending = tokens[accepted[1:]].tolist() + [bonus]
             root = bonus
             stats.accepted_lengths.append(len(pending))
-            stats.step_seconds.append(time.perf_counter() - step_start)
+            stats.step_seconds += time.perf_counter() - step_start
+            stats.verify_seconds += verify_end - verify_start
+            stats.draft_seconds += verify_start - step_start
 
     def generate_ids(self, input_ids, max_new_tokens, sampling=None, eos_token_ids=()) -> list[int]:
         return [t for chunk in self.generate(input_ids, max_new_tokens, sampling, eos_token_ids) for t in chunk]

@@ -1,0 +1,104 @@
+"""Chat with a model in the terminal, decoding with Medusa heads (or plainly with --no-heads).
+
+    python inference/chat.py --model smollm2-135m-instruct --heads runs/smollm2-135m-medusa1/heads
+    python inference/chat.py --model smollm2-135m-instruct --no-heads --prompt "Hello!"
+
+Commands: /reset clears the conversation, /quit (or Ctrl-D, Ctrl-C) leaves. After each answer
+one line reports tokens, tokens/s and τ (tokens per base forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specheads.inference.decoder import SamplingConfig
+from specheads.inference.generate import SpeculativeGenerator
+
+DEFAULT_HEADS = "runs/smollm2-135m-medusa1/heads"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF id or local path")
+    parser.add_argument("--heads", default=None, help=f"Medusa heads folder (default {DEFAULT_HEADS} if present)")
+    parser.add_argument("--no-heads", action="store_true", help="plain decoding, one token per forward")
+    parser.add_argument("--tree", default=None, help="JSON list of rank paths; default: the tree stored with the heads")
+    parser.add_argument("--dtype", default="auto", help="auto | bf16 | fp32")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "typical", "lossless"])
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--system", default=None, help="system prompt")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--prompt", default=None, help="answer this once and exit")
+    return parser.parse_args(argv)
+
+
+def load_generator(args) -> SpeculativeGenerator:
+    from pathlib import Path
+
+    heads = None
+    if not args.no_heads:
+        heads = args.heads or (DEFAULT_HEADS if Path(DEFAULT_HEADS).is_dir() else None)
+        if heads is None:
+            raise SystemExit(f"no heads: pass --heads DIR (e.g. after `make demo`: {DEFAULT_HEADS}) or --no-heads")
+    tree = json.loads(args.tree) if args.tree else None
+    return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree)
+
+
+def answer(generator, messages, args, out) -> str:
+    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              acceptance=args.acceptance, seed=args.seed)
+    pieces = []
+    for piece in generator.stream(messages, args.max_new_tokens, sampling):
+        pieces.append(piece)
+        out.write(piece)
+        out.flush()
+    stats = generator.stats
+    out.write(f"\n[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s, tau {stats.tau:.2f}]\n")
+    out.flush()
+    return "".join(pieces)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    generator = load_generator(args)
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(start)
+    out = sys.stdout
+    if args.prompt is not None:
+        answer(generator, messages + [{"role": "user", "content": args.prompt}], args, out)
+        return 0
+    interactive = sys.stdin.isatty()
+    if interactive:
+        out.write("specheads chat: /reset clears the conversation, /quit leaves.\n")
+    try:
+        while True:
+            if interactive:
+                out.write("> ")
+                out.flush()
+            line = sys.stdin.readline()
+            if not line:  # EOF
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/quit", "/exit"):
+                break
+            if text == "/reset":
+                messages = list(start)
+                out.write("[conversation cleared]\n")
+                continue
+            messages.append({"role": "user", "content": text})
+            reply = answer(generator, messages, args, out)
+            messages.append({"role": "assistant", "content": reply})
+    except KeyboardInterrupt:
+        out.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

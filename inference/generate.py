@@ -1,0 +1,106 @@
+"""Text in, text out: chat prompts, streaming detokenisation and stop strings around TreeDecoder.
+
+    gen = SpeculativeGenerator.from_pretrained("smollm2-135m-instruct", heads="runs/.../heads")
+    for piece in gen.stream([{"role": "user", "content": "Hi!"}], max_new_tokens=128):
+        print(piece, end="", flush=True)
+    print(gen.stats.tau, gen.stats.tokens_per_s)
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from specheads.data.models import load_base_model, load_tokenizer
+from specheads.heads import MedusaHeads
+
+from .decoder import DecodeStats, SamplingConfig, TreeDecoder
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a turn: the tokenizer's EOS and the model's generation_config EOS ids."""
+    ids = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return sorted(ids)
+
+
+def chat_input_ids(tokenizer, messages: list[dict] | str) -> torch.Tensor:
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return torch.tensor([ids["input_ids"]])
+
+
+def _held_back(text: str, stop_strings) -> int:
+    """How many trailing characters could still grow into a stop string (not safe to show yet)."""
+    keep = 1 if text.endswith("\ufffd") else 0  # half of a multi-byte character
+    for stop in stop_strings:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                keep = max(keep, n)
+                break
+    return keep
+
+
+def stream_text(token_chunks: Iterator[list[int]], tokenizer, stop_strings=()) -> Iterator[str]:
+    """Turn accepted token chunks into text pieces; stop (and cut) at the first stop string."""
+    ids: list[int] = []
+    shown = 0
+    for chunk in token_chunks:
+        ids.extend(chunk)
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        hits = [text.find(s, max(shown - len(s), 0)) for s in stop_strings]
+        hits = [h for h in hits if h >= 0]
+        if hits:
+            cut = min(hits)
+            if cut > shown:
+                yield text[shown:cut]
+            if hasattr(token_chunks, "close"):
+                token_chunks.close()  # stop decoding now, not at max_new_tokens
+            return
+        safe = len(text) - _held_back(text, stop_strings)
+        if safe > shown:
+            yield text[shown:safe]
+            shown = safe
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if len(text) > shown:
+        yield text[shown:]
+
+
+class SpeculativeGenerator:
+    """A base model, its tokenizer and (optionally) Medusa heads with their tree."""
+
+    def __init__(self, model, tokenizer, heads: MedusaHeads | None = None, tree=None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.decoder = TreeDecoder(model, heads, tree)
+        self.eos = eos_token_ids(model, tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, model: str = "smollm2-135m-instruct", heads: str | None = None,
+                        dtype: str = "auto", tree=None, device: str = "cpu") -> "SpeculativeGenerator":
+        base = load_base_model(model, dtype, device)
+        medusa = MedusaHeads.from_pretrained(heads, base_model=base) if heads else None
+        return cls(base, load_tokenizer(model), medusa, tree)
+
+    @property
+    def stats(self) -> DecodeStats:
+        return self.decoder.stats
+
+    def stream_ids(self, input_ids: torch.Tensor, max_new_tokens: int = 256,
+                   sampling: SamplingConfig | None = None) -> Iterator[list[int]]:
+        return self.decoder.generate(input_ids, max_new_tokens, sampling, self.eos)
+
+    def stream(self, messages: list[dict] | str, max_new_tokens: int = 256, sampling: SamplingConfig | None = None,
+               stop_strings=()) -> Iterator[str]:
+        """Yield the answer's text as tokens are accepted; stops at EOS, stop strings or max_new_tokens."""
+        input_ids = chat_input_ids(self.tokenizer, messages)
+        return stream_text(self.stream_ids(input_ids, max_new_tokens, sampling), self.tokenizer, stop_strings)
+
+    def answer(self, messages, **kwargs) -> str:
+        return "".join(self.stream(messages, **kwargs))

@@ -1,0 +1,263 @@
+"""Benchmark decoding methods on the same questions in one process.
+
+    python scripts/bench.py --model smollm2-135m-instruct --heads runs/smollm2-135m-medusa1/heads \
+        --questions data/questions/sharegpt-dev.jsonl --methods baseline,prompt_lookup,medusa \
+        --temperature 0 --max-new-tokens 128 --out runs/bench
+
+Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt lookup decoding, a peer),
+plain (our decoder without heads), medusa (our tree decoder with the heads and their tree).
+Questions are JSONL {question_id, category, turns}; each turn is answered in order, the method's own
+answers fed back. τ = new tokens / base forwards (counted with a forward hook, for every method).
+Writes OUT/results.json, OUT/results.md and OUT/results.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specheads.data.models import load_base_model, load_tokenizer
+from specheads.heads import MedusaHeads
+from specheads.inference.decoder import SamplingConfig, TreeDecoder
+from specheads.inference.generate import chat_input_ids, eos_token_ids
+
+METHODS = ("baseline", "prompt_lookup", "plain", "medusa")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--heads", default=None)
+    parser.add_argument("--tree", default=None, help="JSON rank paths; default: the heads' stored tree")
+    parser.add_argument("--questions", default="data/questions/sharegpt-dev.jsonl")
+    parser.add_argument("--methods", default="baseline,prompt_lookup,medusa")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-questions", type=int, default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/bench")
+    return parser.parse_args(argv)
+
+
+def load_questions(path, limit=None) -> list[dict]:
+    questions = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            q = json.loads(line)
+            for key in ("question_id", "category", "turns"):
+                if key not in q:
+                    raise ValueError(f"{path}:{line_no}: question lacks {key!r}")
+            questions.append(q)
+    return questions[:limit]
+
+
+class ForwardCounter:
+    """Counts calls of the base model's forward (one per verification or decode step)."""
+
+    def __init__(self, model):
+        self.calls = 0
+        model.register_forward_hook(self._hook)
+
+    def _hook(self, *args):
+        self.calls += 1
+
+
+class Runner:
+    def __init__(self, args, model, tokenizer, heads):
+        self.args, self.model, self.tokenizer = args, model, tokenizer
+        self.eos = eos_token_ids(model, tokenizer)
+        self.counter = ForwardCounter(model)
+        self.decoders = {"plain": TreeDecoder(model)}
+        if heads is not None:
+            self.decoders["medusa"] = TreeDecoder(model, heads, json.loads(args.tree) if args.tree else None)
+        self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
+
+    def generate(self, method: str, input_ids: torch.Tensor, seed: int) -> tuple[list[int], dict]:
+        """New token ids, and (our decoders only) tokens per step and where the step time went."""
+        max_new = self.args.max_new_tokens
+        if method in self.decoders:
+            decoder = self.decoders[method]
+            self.sampling.seed = seed
+            ids = decoder.generate_ids(input_ids, max_new, self.sampling, self.eos)
+            stats = decoder.stats
+            return ids, {"accepted": list(stats.accepted_lengths), "step_seconds": stats.step_seconds,
+                         "verify_seconds": stats.verify_seconds, "draft_seconds": stats.draft_seconds}
+        kwargs = dict(max_new_tokens=max_new, eos_token_id=self.eos, pad_token_id=self.tokenizer.pad_token_id,
+                      attention_mask=torch.ones_like(input_ids))
+        if self.args.temperature > 0:
+            torch.manual_seed(seed)
+            kwargs.update(do_sample=True, temperature=self.args.temperature, top_p=self.args.top_p)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if method == "prompt_lookup":
+            kwargs["prompt_lookup_num_tokens"] = 10
+        with torch.inference_mode():
+            out = self.model.generate(input_ids, **kwargs)
+        return out[0, input_ids.shape[1]:].tolist(), {"accepted": []}
+
+    def run_question(self, method: str, question: dict) -> dict:
+        messages, turns = [], []
+        for i, turn in enumerate(question["turns"]):
+            messages.append({"role": "user", "content": turn})
+            input_ids = chat_input_ids(self.tokenizer, messages)
+            self.counter.calls = 0
+            start = time.perf_counter()
+            ids, extra = self.generate(method, input_ids, seed=self.args.seed + i)
+            seconds = time.perf_counter() - start
+            turns.append({"tokens": ids, "seconds": seconds, "forwards": self.counter.calls, **extra})
+            messages.append({"role": "assistant", "content": self.tokenizer.decode(ids, skip_special_tokens=True)})
+        new = sum(len(t["tokens"]) for t in turns)
+        return {"question_id": question["question_id"], "category": question["category"], "turns": turns,
+                "new_tokens": new, "seconds": sum(t["seconds"] for t in turns),
+                "forwards": sum(t["forwards"] for t in turns)}
+
+
+def summarise(records: list[dict], baseline: list[dict] | None, greedy: bool) -> dict:
+    tokens_per_s = [r["new_tokens"] / r["seconds"] for r in records]
+    summary = {"questions": len(records), "tokens_per_s": sum(tokens_per_s) / len(records),
+               "tau": sum(r["new_tokens"] for r in records) / max(sum(r["forwards"] for r in records), 1),
+               "new_tokens": sum(r["new_tokens"] for r in records)}
+    steps = [t for r in records for t in r["turns"] if t.get("step_seconds")]
+    if steps:  # our decoders: whole step time over (tree forward + drafting)
+        summary["step_overhead"] = (sum(t["step_seconds"] for t in steps)
+                                    / sum(t["verify_seconds"] + t["draft_seconds"] for t in steps))
+    if baseline is not None:
+        base_tps = sum(r["new_tokens"] / r["seconds"] for r in baseline) / len(baseline)
+        summary["speedup"] = summary["tokens_per_s"] / base_tps
+        if greedy:
+            same = [[t["tokens"] for t in r["turns"]] == [t["tokens"] for t in b["turns"]]
+                    for r, b in zip(records, baseline)]
+            summary["greedy_match"] = sum(same) / len(same)
+    return summary
+
+
+def machine() -> str:
+    cpu = platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads"
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    methods = results["methods"]
+    categories = sorted({c for m in methods.values() for c in m["per_category"]})
+    lines = [f"Model {results['model']} ({results['dtype']}), T={results['temperature']}, "
+             f"max {results['max_new_tokens']} new tokens, {results['questions']} questions; {results['date']}, "
+             f"{results['machine']}.", "",
+             "| method | τ | tokens/s | speedup | greedy match | step / (forward + draft) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, m in methods.items():
+        o = m["overall"]
+        match = f"{o['greedy_match']:.2f}" if "greedy_match" in o else "–"
+        overhead = f"{o['step_overhead']:.3f}" if "step_overhead" in o else "–"
+        lines.append(f"| {name} | {o['tau']:.2f} | {o['tokens_per_s']:.1f} | {o.get('speedup', 1.0):.2f}x | {match} "
+                     f"| {overhead} |")
+    lines += ["", "Speedup (τ) per category:", "", "| method | " + " | ".join(categories) + " |",
+              "|---|" + "---:|" * len(categories)]
+    for name, m in methods.items():
+        cells = []
+        for c in categories:
+            s = m["per_category"].get(c)
+            cells.append(f"{s.get('speedup', 1.0):.2f}x ({s['tau']:.2f})" if s else "–")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = results["methods"]
+    categories = sorted({c for m in methods.values() for c in m["per_category"]})
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    width = 0.8 / max(len(methods), 1)
+    for i, (name, m) in enumerate(methods.items()):
+        xs = [j + i * width for j in range(len(categories))]
+        axes[0].bar(xs, [m["per_category"].get(c, {}).get("speedup", 0) for c in categories], width, label=name)
+        axes[1].bar(xs, [m["per_category"].get(c, {}).get("tau", 0) for c in categories], width, label=name)
+    for ax, title in ((axes[0], "speedup vs HF greedy"), (axes[1], "τ (tokens per base forward)")):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=30)
+        ax.set_title(title)
+        ax.legend()
+    for name, hist in results["accepted_length_histogram"].items():
+        if hist:
+            lengths = sorted(int(k) for k in hist)
+            axes[2].bar([l + (0.4 if name != "medusa" else 0) for l in lengths], [hist[str(l)] for l in lengths],
+                        0.4, label=name)
+    axes[2].set_title("tokens per step (accepted + bonus)")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    methods = args.methods.split(",")
+    for m in methods:
+        if m not in METHODS:
+            raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if "medusa" in methods and not args.heads:
+        raise SystemExit("--methods medusa needs --heads DIR")
+    tokenizer = load_tokenizer(args.model)
+    model = load_base_model(args.model, args.dtype)
+    heads = MedusaHeads.from_pretrained(args.heads, base_model=model) if "medusa" in methods else None
+    runner = Runner(args, model, tokenizer, heads)
+    questions = load_questions(args.questions, args.max_questions)
+    if "baseline" not in methods:
+        methods = ["baseline"] + methods  # speedup is always against HF greedy in the same run
+
+    for method in methods:  # warm-up: first calls allocate and tune kernels
+        runner.run_question(method, {**questions[0], "turns": questions[0]["turns"][:1]})
+    records = {m: [] for m in methods}
+    for question in tqdm(questions, desc="questions"):
+        for method in methods:  # interleaved, so machine noise hits every method alike
+            records[method].append(runner.run_question(method, question))
+
+    greedy = args.temperature == 0
+    results = {"model": args.model, "heads": args.heads, "dtype": str(model.dtype), "temperature": args.temperature,
+               "max_new_tokens": args.max_new_tokens, "questions": len(questions), "machine": machine(),
+               "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {},
+               "accepted_length_histogram": {}}
+    for method in methods:
+        base = records["baseline"] if method != "baseline" else None
+        by_category = defaultdict(list)
+        for i, r in enumerate(records[method]):
+            by_category[r["category"]].append(i)
+        per_category = {c: summarise([records[method][i] for i in idx],
+                                     [records["baseline"][i] for i in idx] if base else None, greedy)
+                        for c, idx in sorted(by_category.items())}
+        results["methods"][method] = {"overall": summarise(records[method], base, greedy), "per_category": per_category}
+        hist = defaultdict(int)
+        for r in records[method]:
+            for t in r["turns"]:
+                for a in t["accepted"]:
+                    hist[str(a)] += 1
+        results["accepted_length_histogram"][method] = dict(hist)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "records.json").write_text(json.dumps(records))
+    write_markdown(results, out / "results.md")
+    write_plot(results, out / "results.png")
+    print((out / "results.md").read_text())
+    return results
+
+
+if __name__ == "__main__":
+    main()
