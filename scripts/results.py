@@ -56,7 +56,11 @@ def render(run: Path) -> str:
         lines.append(f"Training throughput: **{tp['samples_per_s']:.2f} samples/s** "
                      f"({tp['tokens_per_s']:.0f} tokens/s, {tp['samples']} samples in {tp['seconds']:.0f} s, "
                      f"{tp['processes']} process).")
-    lines += ["", f"Produced by `make demo` (`python train/medusa.py --config configs/smollm2-135m.yaml`) then "
+    bench = run / "bench" / "results.md"
+    if bench.is_file():
+        lines += ["", "Decoding benchmark (`scripts/bench.py`, same process, HF greedy `generate` is the baseline):",
+                  "", bench.read_text().strip()]
+    lines += ["", f"Produced by `make demo` (training, `scripts/build_tree.py`, `scripts/bench.py`) then "
               f"`python scripts/results.py --run {run}`; {datetime.date.today()}, {machine()}."]
     return "\n".join(lines)
 

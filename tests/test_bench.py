@@ -1,0 +1,60 @@
+"""scripts/bench.py end to end on a tiny model: every method, one process, all outputs written."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+@pytest.fixture()
+def heads_dir(tmp_path, tiny_llama_dir):
+    from transformers import AutoConfig
+
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    heads = MedusaHeads(MedusaConfig.for_base(AutoConfig.from_pretrained(tiny_llama_dir), str(tiny_llama_dir),
+                                              num_heads=2))
+    heads.save_pretrained(tmp_path / "heads", extra={"tree": [[0], [1], [0, 0]]})
+    return tmp_path / "heads"
+
+
+def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_dir):
+    import bench
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(
+        json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello", "And then?"]}) + "\n"
+        + json.dumps({"question_id": "b", "category": "code", "turns": ["Write code"]}) + "\n")
+    out = tmp_path / "bench"
+    results = bench.main(["--model", str(tiny_llama_dir), "--heads", str(heads_dir), "--questions", str(questions),
+                          "--methods", "baseline,prompt_lookup,plain,medusa", "--max-new-tokens", "12",
+                          "--dtype", "fp64", "--out", str(out)])
+    assert set(results["methods"]) == {"baseline", "prompt_lookup", "plain", "medusa"}
+    for name, method in results["methods"].items():
+        assert set(method["per_category"]) == {"qa", "code"}
+        overall = method["overall"]
+        assert overall["tokens_per_s"] > 0 and overall["tau"] >= 1.0
+        if name != "baseline":
+            assert "speedup" in overall and "greedy_match" in overall
+    # lossless in fp64: our decoders give HF greedy's tokens
+    assert results["methods"]["plain"]["overall"]["greedy_match"] == 1.0
+    assert results["methods"]["medusa"]["overall"]["greedy_match"] == 1.0
+    assert results["methods"]["plain"]["overall"]["tau"] == pytest.approx(1.0)
+    assert "step_overhead" in results["methods"]["medusa"]["overall"]
+    assert results["accepted_length_histogram"]["medusa"]
+    for name in ("results.json", "results.md", "results.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| medusa |" in (out / "results.md").read_text()
+
+
+def test_bench_rejects_unknown_method(tmp_path):
+    import bench
+
+    with pytest.raises(SystemExit, match="unknown method"):
+        bench.main(["--methods", "baseline,warp", "--out", str(tmp_path)])
