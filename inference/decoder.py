@@ -21,8 +21,9 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .acceptance import children_lists, greedy_accept, lossless_accept, typical_accept
+from .candidates import MedusaCandidates, NoCandidates
 from .kv_cache import keep_accepted_path, prepare_cache_for_rollback
-from .tree import TreeBuffers, build_tree_buffers
+from .tree import TreeBuffers
 
 
 @dataclass
@@ -80,29 +81,26 @@ class DecodeStats:
 
 
 class TreeDecoder:
-    """Decode with Medusa heads and a static tree; `heads=None` gives plain decoding."""
+    """Speculative decoding over a candidate tree; the draft comes from a candidate source.
 
-    def __init__(self, model, heads=None, tree=None):
+    TreeDecoder(model)                    plain decoding through the same loop
+    TreeDecoder(model, heads, tree)       Medusa heads with a static tree (tree defaults to the heads' own)
+    TreeDecoder(model, candidates=src)    any source from candidates.py (e.g. prompt lookup)
+    """
+
+    def __init__(self, model, heads=None, tree=None, candidates=None):
         self.model = model
-        self.heads = heads
-        if heads is None:
-            tree = []
-        elif tree is None:
-            tree = (getattr(heads, "extra_config", None) or {}).get("tree")
+        device = model.device
+        if candidates is None and heads is not None:
             if tree is None:
-                raise ValueError("no tree given and the heads folder holds none: pass tree= (see scripts/build_tree.py)")
-        tree = [tuple(path) for path in tree]
-        num_heads = heads.config.num_heads if heads is not None else 0
-        self.top_k = max((max(path) for path in tree), default=0) + 1
-        self.buffers: TreeBuffers = build_tree_buffers(tree, num_heads, self.top_k).to(model.device)
-        self.children = children_lists(self.buffers)
-        self.depth = int(self.buffers.depths.max())
-        self.lm_head = model.get_output_embeddings()
-        if heads is not None:
-            heads.to(device=model.device, dtype=model.dtype).eval()
-        dtype_min = torch.finfo(model.dtype).min
-        tree_mask = torch.zeros(self.buffers.attention_mask.shape, dtype=model.dtype, device=model.device)
-        self._tree_mask = tree_mask.masked_fill(~self.buffers.attention_mask, dtype_min)
+                tree = (getattr(heads, "extra_config", None) or {}).get("tree")
+                if tree is None:
+                    raise ValueError("no tree given and the heads folder holds none: pass tree= "
+                                     "(see scripts/build_tree.py)")
+            heads.to(device=device, dtype=model.dtype).eval()
+            candidates = MedusaCandidates(heads, tree, model.get_output_embeddings(), device)
+        self.candidates = candidates or NoCandidates(device)
+        self._masks: dict[int, tuple[torch.Tensor, list[list[int]]]] = {}
         # transformers 5.x renames `past_key_values` to `cache`; use whichever this model takes.
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -116,19 +114,19 @@ class TreeDecoder:
         self.stats.base_forwards += 1
         return out.logits[0], out.hidden_states[-1][0]
 
-    def _candidates(self, root: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Node tokens [N]: the root, then the heads' top-k tokens placed by the tree."""
-        if self.heads is None or self.depth == 0:
-            return torch.tensor([root], device=hidden.device)
-        head_logits = self.heads(hidden[None], self.lm_head)[: self.depth, 0]  # [D, V]
-        top = head_logits.topk(self.top_k, dim=-1).indices.flatten()
-        flat = torch.cat([torch.tensor([root], device=top.device), top])
-        return flat[self.buffers.candidate_index]
+    def _tree_parts(self, buffers: TreeBuffers):
+        """Additive tree mask and children lists, built once per tree shape."""
+        parts = self._masks.get(id(buffers))
+        if parts is None:
+            mask = torch.zeros(buffers.attention_mask.shape, dtype=self.model.dtype, device=self.model.device)
+            mask = mask.masked_fill(~buffers.attention_mask, torch.finfo(self.model.dtype).min)
+            parts = self._masks[id(buffers)] = (mask, children_lists(buffers), buffers)
+        return parts[0], parts[1]
 
-    def _tree_attention_mask(self, prefix_length: int) -> torch.Tensor:
-        n = self.buffers.num_nodes
-        prefix = torch.zeros((n, prefix_length), dtype=self._tree_mask.dtype, device=self._tree_mask.device)
-        return torch.cat([prefix, self._tree_mask], dim=1)[None, None]
+    def _tree_attention_mask(self, tree_mask: torch.Tensor, prefix_length: int) -> torch.Tensor:
+        """[1, 1, N, prefix + N]: every node sees the whole prefix, then its ancestors and itself."""
+        prefix = torch.zeros((tree_mask.shape[0], prefix_length), dtype=tree_mask.dtype, device=tree_mask.device)
+        return torch.cat([prefix, tree_mask], dim=1)[None, None]
 
     def _probs(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         scores = sampling.warpers()(None, logits.float())
@@ -162,6 +160,7 @@ class TreeDecoder:
         else:
             root = int(torch.multinomial(self._probs(logits[-1:], sampling)[0], 1, generator=generator))
         last_hidden = hidden[-1]
+        context = input_ids[0].tolist()  # everything in the cache, for sources that look back
         produced = 0
         pending = [root]
         while True:
@@ -181,23 +180,26 @@ class TreeDecoder:
                 return
 
             step_start = time.perf_counter()
-            tokens = self._candidates(root, last_hidden)
+            tokens, buffers = self.candidates.propose(root, last_hidden, context)
+            tree_mask, children = self._tree_parts(buffers)
             verify_start = time.perf_counter()
-            positions = (length + self.buffers.depths)[None]
-            logits, hidden = self._forward(tokens[None], positions, self._tree_attention_mask(length), cache)
+            positions = (length + buffers.depths)[None]
+            logits, hidden = self._forward(tokens[None], positions, self._tree_attention_mask(tree_mask, length), cache)
             verify_end = time.perf_counter()
             if rule == "greedy":
-                accepted, bonus = greedy_accept(tokens, logits, self.buffers)
+                accepted, bonus = greedy_accept(tokens, logits, buffers)
             elif rule == "typical":
                 probs = self._probs(logits, sampling)
-                accepted = typical_accept(tokens, probs, self.buffers, sampling.typical_epsilon, sampling.typical_delta)
+                accepted = typical_accept(tokens, probs, buffers, sampling.typical_epsilon, sampling.typical_delta)
                 bonus = int(torch.multinomial(probs[accepted[-1]], 1, generator=generator))
             else:
-                accepted, bonus = lossless_accept(tokens, self._probs(logits, sampling), self.children, generator)
-            keep_accepted_path(cache, self.buffers.num_nodes, accepted)
+                accepted, bonus = lossless_accept(tokens, self._probs(logits, sampling), children, generator)
+            keep_accepted_path(cache, buffers.num_nodes, accepted)
             length += len(accepted)
             last_hidden = hidden[accepted[-1]]
+            context.append(root)
             pending = tokens[accepted[1:]].tolist() + [bonus]
+            context.extend(pending[:-1])
             root = bonus
             stats.accepted_lengths.append(len(pending))
             stats.step_seconds += time.perf_counter() - step_start

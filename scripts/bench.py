@@ -5,7 +5,8 @@
         --temperature 0 --max-new-tokens 128 --out runs/bench
 
 Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt lookup decoding, a peer),
-plain (our decoder without heads), medusa (our tree decoder with the heads and their tree).
+plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
+medusa (our tree decoder with the heads and their tree).
 Questions are JSONL {question_id, category, turns}; each turn is answered in order, the method's own
 answers fed back. τ = new tokens / base forwards (counted with a forward hook, for every method).
 Writes OUT/results.json, OUT/results.md and OUT/results.png.
@@ -26,10 +27,11 @@ from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
+from specheads.inference.candidates import PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
 
-METHODS = ("baseline", "prompt_lookup", "plain", "medusa")
+METHODS = ("baseline", "prompt_lookup", "plain", "pld", "medusa")
 
 
 def parse_args(argv=None):
@@ -79,7 +81,8 @@ class Runner:
         self.args, self.model, self.tokenizer = args, model, tokenizer
         self.eos = eos_token_ids(model, tokenizer)
         self.counter = ForwardCounter(model)
-        self.decoders = {"plain": TreeDecoder(model)}
+        self.decoders = {"plain": TreeDecoder(model),
+                         "pld": TreeDecoder(model, candidates=PromptLookupCandidates(max_ngram=3, num_tokens=10))}
         if heads is not None:
             self.decoders["medusa"] = TreeDecoder(model, heads, json.loads(args.tree) if args.tree else None)
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)

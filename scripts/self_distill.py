@@ -105,14 +105,16 @@ def main(argv=None):
         users = [m for m in conversation.messages if m["role"] == "user"][: args.max_turns]
         system = [m for m in conversation.messages[:1] if m["role"] == "system"]
         prompt = tokenizer.apply_chat_template(system + users[:1], tokenize=True, add_generation_prompt=True)
-        if len(getattr(prompt, "input_ids", prompt)) <= args.max_prompt_tokens:
-            todo.append((conversation.id, system, users))
+        prompt_length = len(getattr(prompt, "input_ids", prompt))
+        if prompt_length <= args.max_prompt_tokens:
+            todo.append((prompt_length, conversation.id, system, users))
         if args.limit is not None and len(todo) >= args.limit:
             break
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = completed_ids(out)
-    pending = [item for item in todo if item[0] not in done]
+    # Batches of similar prompt length waste little on padding.
+    pending = [item[1:] for item in sorted(todo, key=lambda item: item[0]) if item[1] not in done]
     print(f"{len(todo)} conversations selected, {len(todo) - len(pending)} already written, {len(pending)} to go")
 
     progress = tqdm(total=len(todo), initial=len(todo) - len(pending), desc="self-distilling")

@@ -83,4 +83,4 @@ def test_generate_stops_decoding_at_stop_string(tiny_llama_dir):
     stop = full[2:4]
     cut = generator.answer("Hi", max_new_tokens=30, stop_strings=[stop])
     assert cut == full[: full.index(stop)]
-    assert torch.is_tensor(generator.decoder.buffers.depths)
+    assert torch.is_tensor(generator.decoder.candidates.buffers.depths)

@@ -99,6 +99,9 @@ def test_training_writes_heads_eval_and_tensorboard(run_config, tmp_path):
     # a second run without --resume refuses to overwrite
     again = run_training(run_config, check=False)
     assert again.returncode != 0 and "pass --resume" in again.stderr
+    # resuming with another head layout is refused, naming what changed
+    other = run_training(run_config, "--resume", "heads.num_heads=2", check=False)
+    assert other.returncode != 0 and "heads.num_heads: 3 -> 2" in other.stderr
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(run_config, tmp_path):

@@ -26,7 +26,7 @@ from specheads.data.models import cpu_supports_bf16, load_base_model, load_token
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.tokenization import pad_batch, tokenize_conversation
 from specheads.heads import MedusaConfig, MedusaHeads
-from specheads.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from specheads.train.checkpoint import STATE_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
 from specheads.train.config import ConfigError, config_to_dict, load_config
 from specheads.train.losses import estimated_tau, medusa_loss, select_trained_positions, topk_hits
 
@@ -166,6 +166,16 @@ def format_accuracy(result: dict) -> str:
     return "\n".join(lines)
 
 
+def check_same_run(saved: dict, current: dict, checkpoint) -> None:
+    """Resuming with another model, data or head layout would silently train something else."""
+    changed = [f"{section}.{key}: {saved[section].get(key)!r} -> {value!r}"
+               for section in ("model", "data", "heads") if section in saved
+               for key, value in current[section].items() if saved[section].get(key) != value]
+    if changed:
+        raise SystemExit(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
+                         "use a new train.output_dir")
+
+
 def resolve_mixed_precision(setting: str) -> str:
     if setting != "auto":
         return setting
@@ -226,6 +236,8 @@ def train(cfg: MedusaTrainConfig, resume: bool = False) -> dict:
         if latest is None:
             accelerator.print(f"--resume: no checkpoint under {checkpoints}; starting fresh")
         else:
+            saved = json.loads((latest / STATE_NAME).read_text()).get("config", {})
+            check_same_run(saved, config_to_dict(cfg), latest)
             heads.load_state_dict(MedusaHeads.from_pretrained(latest / "heads", base).state_dict())
             state = load_checkpoint(latest, optimizer)
             scheduler.load_state_dict(state["scheduler"])

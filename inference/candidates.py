@@ -1,0 +1,74 @@
+"""Where draft tokens come from. Every source fills a tree that the same verifier checks.
+
+A source proposes, for the next step, the node tokens of a tree (node 0 is the root: the token
+the base model chose last) together with that tree's buffers. Sources:
+
+- MedusaCandidates: the heads' top-k per future position, placed by a static tree (same every step).
+- PromptLookupCandidates: the tokens that followed the latest earlier occurrence of the last n-gram
+  (n = max..1) in prompt + output, as a chain; training-free.
+- NoCandidates: the root alone, i.e. plain decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tree import TreeBuffers, build_tree_buffers, chain_tree
+
+
+class NoCandidates:
+    """Plain decoding: one token per base forward."""
+
+    def __init__(self, device="cpu"):
+        self.buffers = build_tree_buffers([], num_heads=0, top_k=1).to(device)
+
+    def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
+        return torch.tensor([root], device=self.buffers.depths.device), self.buffers
+
+
+class MedusaCandidates:
+    """Medusa heads + a static tree of rank paths."""
+
+    def __init__(self, heads, tree, lm_head, device="cpu"):
+        tree = [tuple(path) for path in tree]
+        self.heads = heads
+        self.lm_head = lm_head
+        self.top_k = max((max(path) for path in tree), default=0) + 1
+        self.buffers: TreeBuffers = build_tree_buffers(tree, heads.config.num_heads, self.top_k).to(device)
+        self.depth = int(self.buffers.depths.max())
+        self._root = torch.zeros(1, dtype=torch.long, device=device)
+
+    def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
+        if self.depth == 0:
+            return torch.tensor([root], device=hidden.device), self.buffers
+        head_logits = self.heads(hidden[None], self.lm_head)[: self.depth, 0]  # [D, V]
+        top = head_logits.topk(self.top_k, dim=-1).indices.flatten()
+        self._root[0] = root
+        flat = torch.cat([self._root, top])
+        return flat[self.buffers.candidate_index], self.buffers
+
+
+class PromptLookupCandidates:
+    """Prompt lookup decoding as a candidate source: copy what followed the last n-gram before."""
+
+    def __init__(self, max_ngram: int = 3, num_tokens: int = 10, device="cpu"):
+        if max_ngram < 1 or num_tokens < 1:
+            raise ValueError("prompt lookup needs max_ngram >= 1 and num_tokens >= 1")
+        self.max_ngram, self.num_tokens, self.device = max_ngram, num_tokens, device
+        self._chains = [build_tree_buffers(chain_tree(n), num_heads=n, top_k=1).to(device)
+                        for n in range(num_tokens + 1)]
+
+    def lookup(self, context: list[int]) -> list[int]:
+        """Tokens after the latest earlier match of the longest trailing n-gram (empty if none)."""
+        for n in range(min(self.max_ngram, len(context) - 1), 0, -1):
+            tail = context[-n:]
+            for start in range(len(context) - n - 1, -1, -1):  # latest match first, excluding the tail itself
+                if context[start:start + n] == tail:
+                    follow = context[start + n: start + n + self.num_tokens]
+                    if follow:
+                        return follow
+        return []
+
+    def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
+        draft = self.lookup(context + [root])
+        return torch.tensor([root] + draft, device=self.device), self._chains[len(draft)]
