@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup demo test test-slow clean
+.PHONY: setup demo distill test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ demo: setup
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads --questions data/questions/sharegpt-dev.jsonl \
 		--methods baseline,prompt_lookup,medusa --temperature 0 --max-new-tokens 128 --max-questions 20 \
 		--out $(RUN)/bench
+
+# Regenerate the self-distilled training data of the demo (SmolLM2's own answers; ~15 minutes).
+DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl
+distill: setup
+	$(BIN)/python scripts/self_distill.py --out $(DISTILLED) --split train --limit 1200 --batch-size 48 \
+		--max-new-tokens 192 --max-prompt-tokens 384
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -104,13 +104,15 @@ class TreeDecoder:
         # transformers 5.x renames `past_key_values` to `cache`; use whichever this model takes.
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        # The prefill needs logits at the last prompt position only.
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         self.stats = DecodeStats()
 
     # ---- pieces of a step -----------------------------------------------------------------
 
-    def _forward(self, input_ids, position_ids, attention_mask, cache):
+    def _forward(self, input_ids, position_ids, attention_mask, cache, **kwargs):
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         use_cache=True, output_hidden_states=True, **{self._cache_argument: cache})
+                         use_cache=True, output_hidden_states=True, **{self._cache_argument: cache}, **kwargs)
         self.stats.base_forwards += 1
         return out.logits[0], out.hidden_states[-1][0]
 
@@ -154,7 +156,7 @@ class TreeDecoder:
         # Prefill: the prompt's last position gives the first token and the heads' first guesses.
         length = input_ids.shape[1]
         positions = torch.arange(length, device=input_ids.device)[None]
-        logits, hidden = self._forward(input_ids, positions, None, cache)
+        logits, hidden = self._forward(input_ids, positions, None, cache, **self._last_logits_only)
         if rule == "greedy":
             root = int(logits[-1].argmax())
         else:

@@ -128,3 +128,32 @@ def expected_tau(tree: Tree, rank_accuracy: list[list[float]]) -> float:
             p *= rank_accuracy[depth][rank]
         tau += p
     return tau
+
+
+def path_frequencies(ranks: torch.Tensor, max_rank: int) -> dict[tuple[int, ...], float]:
+    """Empirical acceptance probability of every rank path seen in `ranks`.
+
+    ranks[i, d] is the rank of the true token among head d+1's candidates at sample i (-1 when
+    not in the top `max_rank`). Path (r1..rm) is accepted at sample i iff ranks[i, :m] == (r1..rm),
+    so its frequency is exact for these samples: no independence assumption between heads, which
+    would undervalue deep paths (a head is more often right when the one before it was).
+    """
+    counts: dict[tuple[int, ...], int] = {}
+    for row in ranks.tolist():
+        path = ()
+        for rank in row:
+            if rank < 0 or rank >= max_rank:
+                break
+            path = path + (rank,)
+            counts[path] = counts.get(path, 0) + 1
+    total = max(ranks.shape[0], 1)
+    return {path: count / total for path, count in counts.items()}
+
+
+def tree_from_path_frequencies(frequencies: dict[tuple[int, ...], float], num_nodes: int) -> Tree:
+    """The `num_nodes` most frequently accepted paths; closed under ancestors since a prefix is never rarer."""
+    ranked = sorted(frequencies.items(), key=lambda item: (-item[1], len(item[0]), item[0]))
+    tree = [path for path, _ in ranked[:num_nodes]]
+    depth = max((len(p) for p in tree), default=0)
+    top_k = max((max(p) for p in tree), default=0) + 1
+    return validate_tree(tree, max(depth, 1), top_k)

@@ -3,11 +3,13 @@
     python scripts/build_tree.py --heads runs/smollm2-135m-medusa1/heads
 
 1. Rank statistics: the base answers held-out prompts greedily (the text speculation must match);
-   teacher-forced over those answers, count how often head d's rank-r token is the right one.
+   teacher-forced over those answers, record at each position the rank of the right token in each
+   head's top-k. A rank path's acceptance probability is how often the ranks start with it.
 2. Verify cost: time one base forward over n new tokens (on a prefix of realistic length) for each
    candidate budget n, relative to a one-token decode step, plus the heads' own cost.
-3. For each budget, grow the tree best-first from the rank accuracies (Medusa's construction), estimate
-   τ, and pick the budget with the highest estimated speedup τ / relative step cost.
+3. For each budget, take the most often accepted paths (Medusa's best-first construction, on measured
+   path frequencies instead of a product of per-head accuracies), estimate τ, and pick the budget with
+   the highest estimated speedup τ / relative step cost.
 The tree and the measurements go into the heads' config.json (`tree`, `tree_selection`).
 """
 
@@ -29,7 +31,7 @@ from specheads.heads import MedusaHeads
 from specheads.heads.medusa import CONFIG_NAME
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
-from specheads.inference.tree import expected_tau, tree_from_accuracies
+from specheads.inference.tree import path_frequencies, tree_from_path_frequencies
 
 
 def parse_args():
@@ -50,25 +52,23 @@ def parse_args():
 
 
 @torch.inference_mode()
-def rank_accuracies(base, heads, sequences, answer_starts, top_k: int) -> list[list[float]]:
-    """acc[d][r]: fraction of answer positions where head d+1's rank-r token is the token d+2 ahead."""
+def true_token_ranks(base, heads, sequences, answer_starts, top_k: int) -> torch.Tensor:
+    """[positions, K]: rank of the token d+2 ahead among head d+1's top-k (-1 if absent), per answer position."""
     num_heads = heads.config.num_heads
-    hits = torch.zeros(num_heads, top_k, dtype=torch.float64)
-    counts = torch.zeros(num_heads, dtype=torch.float64)
+    rows = []
     for ids, start in zip(sequences, answer_starts):
         hidden = base(ids[None], output_hidden_states=True).hidden_states[-1][0]
         top = heads(hidden, base.get_output_embeddings()).topk(top_k, dim=-1).indices  # [K, T, k]
-        length = ids.shape[0]
+        positions = torch.arange(max(start - 1, 0), ids.shape[0] - 2)
+        ranks = torch.full((len(positions), num_heads), -1, dtype=torch.long)
         for d in range(num_heads):
-            shift = d + 2
-            positions = torch.arange(max(start - 1, 0), length - shift)
-            if len(positions) == 0:
-                continue
-            target = ids[positions + shift]
-            match = top[d, positions] == target[:, None]  # [P, k], at most one True per row
-            hits[d] += match.sum(0).double()
-            counts[d] += len(positions)
-    return (hits / counts.clamp(min=1)[:, None]).tolist()
+            ahead = positions + d + 2
+            valid = ahead < ids.shape[0]
+            match = top[d, positions[valid]] == ids[ahead[valid]][:, None]  # [P, k], at most one True per row
+            found = match.any(-1)
+            ranks[valid.nonzero().flatten()[found], d] = match[found].int().argmax(-1)
+        rows.append(ranks)
+    return torch.cat(rows)
 
 
 @torch.inference_mode()
@@ -127,15 +127,17 @@ def main():
         answer = plain.generate_ids(prompt, args.answer_tokens, eos_token_ids=eos)
         sequences.append(torch.cat([prompt[0], torch.tensor(answer)]))
         starts.append(prompt.shape[1])
-    accuracy = rank_accuracies(base, heads, sequences, starts, args.top_k)
+    ranks = true_token_ranks(base, heads, sequences, starts, args.top_k)
+    frequencies = path_frequencies(ranks, args.top_k)
+    accuracy = [[(ranks[:, d] == r).double().mean().item() for r in range(args.top_k)] for d in range(ranks.shape[1])]
 
     budgets = [int(b) for b in args.budgets.split(",")]
     times, head_seconds = step_costs(base, heads, budgets, args.prefix_length)
     one = times[1]
     rows, best = [], None
     for n in budgets:
-        tree = tree_from_accuracies(accuracy, n - 1)
-        tau = expected_tau(tree, accuracy)
+        tree = tree_from_path_frequencies(frequencies, n - 1)
+        tau = 1 + sum(frequencies[path] for path in tree)  # teacher-forced expectation, bonus token included
         relative_cost = (times[n] + head_seconds) / one
         row = {"nodes": n, "estimated_tau": tau, "relative_step_cost": relative_cost,
                "estimated_speedup": tau / relative_cost, "depth": max(len(p) for p in tree)}
@@ -154,7 +156,7 @@ def main():
     chosen, tree = best
     print(f"chosen: {chosen['nodes']} nodes, depth {chosen['depth']}, est. tau {chosen['estimated_tau']:.2f}, "
           f"est. speedup {chosen['estimated_speedup']:.2f}x")
-    selection = {"rank_accuracy": accuracy, "budgets": rows, "one_token_step_s": one, "heads_s": head_seconds,
+    selection = {"rank_accuracy": accuracy, "positions": ranks.shape[0], "budgets": rows, "one_token_step_s": one, "heads_s": head_seconds,
                  "dtype": str(base.dtype), "prompts": len(sequences), "threads": torch.get_num_threads()}
     if not args.dry_run:
         write_tree(heads_dir, tree, selection)

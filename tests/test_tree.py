@@ -62,3 +62,17 @@ def test_tree_from_accuracies_is_best_first_and_closed():
     assert expected_tau(tree, accuracy) == pytest.approx(1 + 0.6 + 0.2 + 0.24 + 0.12)
     big = tree_from_accuracies(accuracy, num_nodes=12)
     assert len(big) == 12 and validate_tree(big, 2, 3) == big
+
+
+def test_path_frequencies_and_tree_by_hand():
+    from specheads.inference.tree import path_frequencies, tree_from_path_frequencies
+
+    ranks = torch.tensor([[0, 0, 1], [0, 0, -1], [0, 1, 0], [1, -1, 0], [-1, 0, 0]])
+    freq = path_frequencies(ranks, max_rank=2)
+    assert freq[(0,)] == pytest.approx(3 / 5) and freq[(0, 0)] == pytest.approx(2 / 5)
+    assert freq[(0, 0, 1)] == pytest.approx(1 / 5) and freq[(1,)] == pytest.approx(1 / 5)
+    assert (1, 0) not in freq  # rank beyond the top-k (or absent) ends the path: nothing under it counts
+    tree = tree_from_path_frequencies(freq, num_nodes=3)
+    # (0,)=.6, (0,0)=.4, then a three-way tie at .2 broken towards the shallowest path
+    assert tree == [(0,), (1,), (0, 0)]
+    validate_tree(tree, num_heads=3, top_k=2)
