@@ -72,3 +72,51 @@ class PromptLookupCandidates:
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         draft = self.lookup(context + [root])
         return torch.tensor([root] + draft, device=self.device), self._chains[len(draft)]
+
+
+def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
+    """Union of several trees over the same root, merged where their token paths agree.
+
+    Returns the merged node tokens and buffers (built for this step; children keep first-seen order).
+    """
+    index: dict[tuple[int, ...], int] = {(): 0}
+    rank_paths: list[tuple[int, ...]] = []
+    tokens = [int(proposals[0][0][0])]
+    child_count: dict[int, int] = {}
+    for node_tokens, buffers in proposals:
+        values = node_tokens.tolist()
+        token_path: dict[int, tuple[int, ...]] = {0: ()}
+        for node in range(1, buffers.num_nodes):
+            parent = int(buffers.parent[node])
+            path = token_path[parent] + (values[node],)
+            token_path[node] = path
+            if path not in index:
+                parent_index = index[path[:-1]]
+                rank = child_count.get(parent_index, 0)
+                child_count[parent_index] = rank + 1
+                index[path] = len(tokens)
+                tokens.append(values[node])
+                rank_paths.append(rank_path_of(index, rank_paths, path[:-1]) + (rank,))
+    depth = max((len(p) for p in rank_paths), default=0)
+    top_k = max(child_count.values(), default=1)
+    merged = build_tree_buffers(rank_paths, num_heads=max(depth, 1), top_k=top_k)
+    # build_tree_buffers orders nodes by (depth, ranks); put the tokens in that order
+    order = {path: i + 1 for i, path in enumerate(merged.paths)}
+    ordered = [tokens[0]] + [0] * len(rank_paths)
+    for node_index, path in enumerate(rank_paths, start=1):
+        ordered[order[path]] = tokens[node_index]
+    return torch.tensor(ordered, device=proposals[0][0].device), merged.to(proposals[0][0].device)
+
+
+def rank_path_of(index, rank_paths, token_path) -> tuple[int, ...]:
+    return () if not token_path else rank_paths[index[token_path] - 1]
+
+
+class MergedCandidates:
+    """Several sources in one tree, e.g. Medusa heads plus prompt lookup: one forward verifies both."""
+
+    def __init__(self, *sources):
+        self.sources = sources
+
+    def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
+        return merge_token_trees([source.propose(root, hidden, context) for source in self.sources])

@@ -6,7 +6,8 @@
 
 Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt lookup decoding, a peer),
 plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
-medusa (our tree decoder with the heads and their tree).
+medusa (our tree decoder with the heads and their tree), medusa_pld (the heads' tree and a prompt
+lookup chain merged into one tree, verified in one forward).
 Questions are JSONL {question_id, category, turns}; each turn is answered in order, the method's own
 answers fed back. τ = new tokens / base forwards (counted with a forward hook, for every method).
 Writes OUT/results.json, OUT/results.md and OUT/results.png.
@@ -27,11 +28,11 @@ from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
-from specheads.inference.candidates import PromptLookupCandidates
+from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
 
-METHODS = ("baseline", "prompt_lookup", "plain", "pld", "medusa")
+METHODS = ("baseline", "prompt_lookup", "plain", "pld", "medusa", "medusa_pld")
 
 
 def parse_args(argv=None):
@@ -84,7 +85,10 @@ class Runner:
         self.decoders = {"plain": TreeDecoder(model),
                          "pld": TreeDecoder(model, candidates=PromptLookupCandidates(max_ngram=3, num_tokens=10))}
         if heads is not None:
-            self.decoders["medusa"] = TreeDecoder(model, heads, json.loads(args.tree) if args.tree else None)
+            medusa = TreeDecoder(model, heads, json.loads(args.tree) if args.tree else None)
+            self.decoders["medusa"] = medusa
+            lookup = PromptLookupCandidates(max_ngram=3, num_tokens=10)
+            self.decoders["medusa_pld"] = TreeDecoder(model, candidates=MergedCandidates(medusa.candidates, lookup))
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
     def generate(self, method: str, input_ids: torch.Tensor, seed: int) -> tuple[list[int], dict]:
@@ -136,6 +140,7 @@ def summarise(records: list[dict], baseline: list[dict] | None, greedy: bool) ->
     if steps:  # our decoders: whole step time over (tree forward + drafting)
         summary["step_overhead"] = (sum(t["step_seconds"] for t in steps)
                                     / sum(t["verify_seconds"] + t["draft_seconds"] for t in steps))
+    summary["speedup"] = 1.0  # the baseline against itself
     if baseline is not None:
         base_tps = sum(r["new_tokens"] / r["seconds"] for r in baseline) / len(baseline)
         summary["speedup"] = summary["tokens_per_s"] / base_tps
@@ -198,12 +203,14 @@ def write_plot(results: dict, path: Path) -> None:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=30)
         ax.set_title(title)
         ax.legend()
-    for name, hist in results["accepted_length_histogram"].items():
-        if hist:
-            lengths = sorted(int(k) for k in hist)
-            axes[2].bar([l + (0.4 if name != "medusa" else 0) for l in lengths], [hist[str(l)] for l in lengths],
-                        0.4, label=name)
-    axes[2].set_title("tokens per step (accepted + bonus)")
+    histograms = {name: hist for name, hist in results["accepted_length_histogram"].items() if hist}
+    bar = 0.8 / max(len(histograms), 1)
+    for i, (name, hist) in enumerate(histograms.items()):
+        lengths = sorted(int(k) for k in hist)
+        total = sum(hist.values())
+        axes[2].bar([length + i * bar for length in lengths], [hist[str(length)] / total for length in lengths],
+                    bar, label=name)
+    axes[2].set_title("tokens per step (accepted + bonus), fraction of steps")
     axes[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -215,11 +222,12 @@ def main(argv=None):
     for m in methods:
         if m not in METHODS:
             raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
-    if "medusa" in methods and not args.heads:
-        raise SystemExit("--methods medusa needs --heads DIR")
+    if any(m.startswith("medusa") for m in methods) and not args.heads:
+        raise SystemExit("--methods medusa/medusa_pld need --heads DIR")
     tokenizer = load_tokenizer(args.model)
     model = load_base_model(args.model, args.dtype)
-    heads = MedusaHeads.from_pretrained(args.heads, base_model=model) if "medusa" in methods else None
+    uses_heads = any(m.startswith("medusa") for m in methods)
+    heads = MedusaHeads.from_pretrained(args.heads, base_model=model) if uses_heads else None
     runner = Runner(args, model, tokenizer, heads)
     questions = load_questions(args.questions, args.max_questions)
     if "baseline" not in methods:

@@ -33,19 +33,21 @@ def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_d
         + json.dumps({"question_id": "b", "category": "code", "turns": ["Write code"]}) + "\n")
     out = tmp_path / "bench"
     results = bench.main(["--model", str(tiny_llama_dir), "--heads", str(heads_dir), "--questions", str(questions),
-                          "--methods", "baseline,prompt_lookup,plain,pld,medusa", "--max-new-tokens", "12",
+                          "--methods", "baseline,prompt_lookup,plain,pld,medusa,medusa_pld", "--max-new-tokens", "12",
                           "--dtype", "fp64", "--out", str(out)])
-    assert set(results["methods"]) == {"baseline", "prompt_lookup", "plain", "pld", "medusa"}
+    assert set(results["methods"]) == {"baseline", "prompt_lookup", "plain", "pld", "medusa", "medusa_pld"}
     for name, method in results["methods"].items():
         assert set(method["per_category"]) == {"qa", "code"}
         overall = method["overall"]
         assert overall["tokens_per_s"] > 0 and overall["tau"] >= 1.0
+        assert "speedup" in overall
         if name != "baseline":
-            assert "speedup" in overall and "greedy_match" in overall
+            assert "greedy_match" in overall
     # lossless in fp64: our decoders give HF greedy's tokens
     assert results["methods"]["plain"]["overall"]["greedy_match"] == 1.0
     assert results["methods"]["medusa"]["overall"]["greedy_match"] == 1.0
     assert results["methods"]["pld"]["overall"]["greedy_match"] == 1.0
+    assert results["methods"]["medusa_pld"]["overall"]["greedy_match"] == 1.0
     assert results["methods"]["plain"]["overall"]["tau"] == pytest.approx(1.0)
     assert "step_overhead" in results["methods"]["medusa"]["overall"]
     assert results["accepted_length_histogram"]["medusa"]

@@ -248,3 +248,34 @@ def test_prompt_lookup_greedy_equals_hf_generate_fp64(arch):
         assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
         drafted += sum(a - 1 for a in decoder.stats.accepted_lengths)
     assert drafted > 20  # tiny models loop, so lookups get accepted
+
+
+def test_merged_tree_unites_token_paths():
+    from specheads.inference.candidates import merge_token_trees
+
+    medusa = build_tree_buffers([(0,), (1,), (0, 0)], num_heads=2, top_k=2)  # root, a, b, a->c
+    lookup = build_tree_buffers([(0,), (0, 0), (0, 0, 0)], num_heads=3, top_k=1)  # root, a, a->d, d->e
+    tokens, buffers = merge_token_trees([(torch.tensor([9, 1, 2, 3]), medusa), (torch.tensor([9, 1, 4, 5]), lookup)])
+    paths = {}
+    for node in range(buffers.num_nodes):
+        path, n = [], node
+        while n > 0:
+            path.append(int(tokens[n]))
+            n = int(buffers.parent[n])
+        paths[tuple(reversed(path))] = node
+    assert set(paths) == {(), (1,), (2,), (1, 3), (1, 4), (1, 4, 5)}
+    assert int(tokens[0]) == 9
+
+
+def test_medusa_plus_prompt_lookup_greedy_equals_hf_fp64():
+    from specheads.inference.candidates import MedusaCandidates, MergedCandidates, PromptLookupCandidates
+
+    model = tiny_model("llama")
+    heads = fitted_heads(model)
+    source = MergedCandidates(MedusaCandidates(heads, TREE, model.lm_head),
+                              PromptLookupCandidates(max_ngram=3, num_tokens=5))
+    decoder = TreeDecoder(model, candidates=source)
+    for case in range(4):
+        torch.manual_seed(300 + case)
+        prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
+        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
