@@ -279,3 +279,12 @@ def test_medusa_plus_prompt_lookup_greedy_equals_hf_fp64():
         torch.manual_seed(300 + case)
         prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
         assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
+
+
+def test_typical_acceptance_decodes_and_accepts_drafts():
+    model = tiny_model("llama")
+    decoder = TreeDecoder(model, fitted_heads(model), TREE)
+    prompt = torch.randint(3, VOCAB, (1, 8))
+    ids = decoder.generate_ids(prompt, 30, SamplingConfig(temperature=0.5, acceptance="typical", seed=0))
+    assert len(ids) == 30 and all(0 <= t < VOCAB for t in ids)
+    assert decoder.stats.tau > 1.0  # typical acceptance takes drafted tokens, not only bonus tokens

@@ -201,6 +201,10 @@ def train(cfg: MedusaTrainConfig, resume: bool = False) -> dict:
 
     t = cfg.train
     out = Path(t.output_dir)
+    checkpoints = out / "checkpoints"
+    if not resume and latest_checkpoint(checkpoints) is not None:
+        raise SystemExit(f"{checkpoints} already holds checkpoints: pass --resume to continue that run, "
+                         "or set train.output_dir to a new folder (nothing was overwritten)")
     accelerator = Accelerator(gradient_accumulation_steps=t.grad_accum,
                               mixed_precision=resolve_mixed_precision(t.mixed_precision),
                               log_with="tensorboard", project_dir=str(out / "logs"))
@@ -227,10 +231,6 @@ def train(cfg: MedusaTrainConfig, resume: bool = False) -> dict:
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(t.warmup_ratio * total_steps), total_steps)
 
     step, micro_start = 0, 0
-    checkpoints = out / "checkpoints"
-    if not resume and latest_checkpoint(checkpoints) is not None:
-        raise SystemExit(f"{checkpoints} already holds checkpoints: pass --resume to continue that run, "
-                         "or set train.output_dir to a new folder (nothing was overwritten)")
     if resume:
         latest = latest_checkpoint(checkpoints)
         if latest is None:
