@@ -100,7 +100,6 @@ class TreeDecoder:
             heads.to(device=device, dtype=model.dtype).eval()
             candidates = MedusaCandidates(heads, tree, model.get_output_embeddings(), device)
         self.candidates = candidates or NoCandidates(device)
-        self._masks: dict[int, tuple[torch.Tensor, list[list[int]]]] = {}
         # transformers 5.x renames `past_key_values` to `cache`; use whichever this model takes.
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -117,13 +116,15 @@ class TreeDecoder:
         return out.logits[0], out.hidden_states[-1][0]
 
     def _tree_parts(self, buffers: TreeBuffers):
-        """Additive tree mask and children lists, built once per tree shape."""
-        parts = self._masks.get(id(buffers))
-        if parts is None:
+        """Additive tree mask and children lists, kept on the buffers so a static tree builds them once
+        (and a per-step tree, e.g. a merged one, is freed with its buffers)."""
+        key = (self.model.dtype, self.model.device)
+        parts = getattr(buffers, "_verify_parts", None)
+        if parts is None or parts[0] != key:
             mask = torch.zeros(buffers.attention_mask.shape, dtype=self.model.dtype, device=self.model.device)
             mask = mask.masked_fill(~buffers.attention_mask, torch.finfo(self.model.dtype).min)
-            parts = self._masks[id(buffers)] = (mask, children_lists(buffers), buffers)
-        return parts[0], parts[1]
+            parts = buffers._verify_parts = (key, mask, children_lists(buffers))
+        return parts[1], parts[2]
 
     def _tree_attention_mask(self, tree_mask: torch.Tensor, prefix_length: int) -> torch.Tensor:
         """[1, 1, N, prefix + N]: every node sees the whole prefix, then its ancestors and itself."""
