@@ -138,3 +138,13 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(run_config, tmp_pa
     for tensor in load_file(str(checkpoints[-1] / "heads" / "model.safetensors")).values():
         assert torch.isfinite(tensor).all()
     assert not (tmp_path / "run" / "heads").exists()
+
+
+def test_accelerate_launch_entry_point(run_config, tmp_path):
+    accelerate = Path(sys.executable).parent / "accelerate"
+    result = subprocess.run([str(accelerate), "launch", "--num_processes", "1", "--num_machines", "1", "--cpu",
+                             "--mixed_precision", "no", "--dynamo_backend", "no",
+                             str(REPO / "train" / "medusa.py"), "--config", str(run_config), "train.max_steps=2"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "heads" / "model.safetensors").is_file()
