@@ -45,6 +45,7 @@ def parse_args(argv=None):
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--pld-tokens", type=int, default=10, help="prompt-lookup draft length (pld, medusa_pld)")
     parser.add_argument("--max-questions", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seed", type=int, default=0)
@@ -83,11 +84,11 @@ class Runner:
         self.eos = eos_token_ids(model, tokenizer)
         self.counter = ForwardCounter(model)
         self.decoders = {"plain": TreeDecoder(model),
-                         "pld": TreeDecoder(model, candidates=PromptLookupCandidates(max_ngram=3, num_tokens=10))}
+                         "pld": TreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens))}
         if heads is not None:
             medusa = TreeDecoder(model, heads, json.loads(args.tree) if args.tree else None)
             self.decoders["medusa"] = medusa
-            lookup = PromptLookupCandidates(max_ngram=3, num_tokens=10)
+            lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
             self.decoders["medusa_pld"] = TreeDecoder(model, candidates=MergedCandidates(medusa.candidates, lookup))
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
