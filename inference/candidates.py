@@ -79,7 +79,8 @@ def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
 
     Returns the merged node tokens and buffers (built for this step; children keep first-seen order).
     """
-    index: dict[tuple[int, ...], int] = {(): 0}
+    index: dict[tuple[int, ...], int] = {(): 0}  # token path -> node number in `tokens`
+    rank_of: dict[tuple[int, ...], tuple[int, ...]] = {(): ()}  # token path -> rank path in the merged tree
     rank_paths: list[tuple[int, ...]] = []
     tokens = [int(proposals[0][0][0])]
     child_count: dict[int, int] = {}
@@ -87,8 +88,7 @@ def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
         values = node_tokens.tolist()
         token_path: dict[int, tuple[int, ...]] = {0: ()}
         for node in range(1, buffers.num_nodes):
-            parent = int(buffers.parent[node])
-            path = token_path[parent] + (values[node],)
+            path = token_path[int(buffers.parent[node])] + (values[node],)
             token_path[node] = path
             if path not in index:
                 parent_index = index[path[:-1]]
@@ -96,7 +96,8 @@ def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
                 child_count[parent_index] = rank + 1
                 index[path] = len(tokens)
                 tokens.append(values[node])
-                rank_paths.append(rank_path_of(index, rank_paths, path[:-1]) + (rank,))
+                rank_of[path] = rank_of[path[:-1]] + (rank,)
+                rank_paths.append(rank_of[path])
     depth = max((len(p) for p in rank_paths), default=0)
     top_k = max(child_count.values(), default=1)
     merged = build_tree_buffers(rank_paths, num_heads=max(depth, 1), top_k=top_k)
@@ -106,10 +107,6 @@ def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
     for node_index, path in enumerate(rank_paths, start=1):
         ordered[order[path]] = tokens[node_index]
     return torch.tensor(ordered, device=proposals[0][0].device), merged.to(proposals[0][0].device)
-
-
-def rank_path_of(index, rank_paths, token_path) -> tuple[int, ...]:
-    return () if not token_path else rank_paths[index[token_path] - 1]
 
 
 class MergedCandidates:

@@ -131,9 +131,9 @@ class TreeDecoder:
         prefix = torch.zeros((tree_mask.shape[0], prefix_length), dtype=tree_mask.dtype, device=tree_mask.device)
         return torch.cat([prefix, tree_mask], dim=1)[None, None]
 
-    def _probs(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        scores = sampling.warpers()(None, logits.float())
-        return torch.softmax(scores, dim=-1)
+    @staticmethod
+    def _probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
+        return torch.softmax(warpers(None, logits.float()), dim=-1)
 
     # ---- generation -----------------------------------------------------------------------
 
@@ -143,6 +143,7 @@ class TreeDecoder:
         """Yield lists of new token ids as they are accepted; stop at EOS or max_new_tokens."""
         sampling = sampling or SamplingConfig()
         rule = sampling.rule
+        warpers = sampling.warpers()  # built once per generation, not per step
         generator = None
         if rule != "greedy":
             generator = torch.Generator(device=self.model.device)
@@ -161,7 +162,7 @@ class TreeDecoder:
         if rule == "greedy":
             root = int(logits[-1].argmax())
         else:
-            root = int(torch.multinomial(self._probs(logits[-1:], sampling)[0], 1, generator=generator))
+            root = int(torch.multinomial(self._probs(logits[-1:], warpers)[0], 1, generator=generator))
         last_hidden = hidden[-1]
         context = input_ids[0].tolist()  # everything in the cache, for sources that look back
         produced = 0
@@ -192,11 +193,11 @@ class TreeDecoder:
             if rule == "greedy":
                 accepted, bonus = greedy_accept(tokens, logits, buffers)
             elif rule == "typical":
-                probs = self._probs(logits, sampling)
+                probs = self._probs(logits, warpers)
                 accepted = typical_accept(tokens, probs, buffers, sampling.typical_epsilon, sampling.typical_delta)
                 bonus = int(torch.multinomial(probs[accepted[-1]], 1, generator=generator))
             else:
-                accepted, bonus = lossless_accept(tokens, self._probs(logits, sampling), children, generator)
+                accepted, bonus = lossless_accept(tokens, self._probs(logits, warpers), children, generator)
             keep_accepted_path(cache, buffers.num_nodes, accepted)
             length += len(accepted)
             last_hidden = hidden[accepted[-1]]
