@@ -1,0 +1,254 @@
+"""EAGLE draft heads: predict the base model's next *feature* with one decoder layer of its own kind.
+
+EAGLE-1 (variant "eagle1"): at position t the draft reads the base's last hidden state f_t and the
+embedding of the next token x_{t+1}, fuses them with fc: 2H -> H and runs one decoder layer (the base
+architecture's attention and MLP, no input norm) to predict f_{t+1}; the frozen base lm_head turns
+that into token logits. Drafting several tokens feeds the predicted feature back in.
+
+EAGLE-3 (variant "eagle3"): the input feature fuses the base's hidden states entering three layers
+(fc: 3H -> H, no bias); the layer's attention reads concat(norm(embedding), norm(feature)) (2H wide);
+the output goes through its own norm and lm_head over a reduced draft vocabulary. `d2t` maps a draft
+id to a target id (target = draft + d2t[draft]) and `t2d` marks target ids in the draft vocabulary;
+both are saved inside model.safetensors, never in a side file.
+
+The layer is built from the base config through transformers (its own decoder-layer class), so
+every architecture transformers knows works; nothing is copied from modeling files.
+On disk: config.json (model_type "specheads-eagle") + model.safetensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+MODEL_TYPE = "specheads-eagle"
+VARIANTS = ("eagle1", "eagle3")
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's low / middle / high features: hidden states entering layers 2, L//2 and L-3."""
+    return [min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)]
+
+
+@dataclass
+class EagleConfig:
+    variant: str = "eagle1"
+    hidden_size: int = 0
+    vocab_size: int = 0
+    draft_vocab_size: int = 0  # eagle3: size of the reduced vocabulary (0 = the full vocabulary)
+    aux_layer_ids: list[int] = field(default_factory=list)  # eagle3: indices into the base's hidden_states
+    base_model_name_or_path: str = ""
+    layer_config: dict = field(default_factory=dict)  # the base config (as a dict) the draft layer is built from
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"EagleConfig.variant must be one of {VARIANTS}, got {self.variant!r}")
+        for name in ("hidden_size", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"EagleConfig.{name} must be a positive integer, got {value!r}")
+        if self.variant == "eagle3":
+            if not 0 < self.draft_vocab_size <= self.vocab_size:
+                raise ValueError(f"EagleConfig.draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), "
+                                 f"got {self.draft_vocab_size}")
+            if len(self.aux_layer_ids) != 3:
+                raise ValueError(f"EagleConfig.aux_layer_ids must name 3 base layers, got {self.aux_layer_ids}")
+        if "model_type" not in self.layer_config:
+            raise ValueError("EagleConfig.layer_config must be a transformers config dict with a model_type")
+
+    @classmethod
+    def for_base(cls, base_config, name_or_path: str, variant: str = "eagle1", draft_vocab_size: int = 0,
+                 aux_layer_ids: list[int] | None = None) -> "EagleConfig":
+        layer_config = base_config.to_dict()
+        layer_config["num_hidden_layers"] = 1
+        if layer_config.get("layer_types"):  # per-layer attention kinds (Qwen2, Gemma...): keep the first
+            layer_config["layer_types"] = layer_config["layer_types"][:1]
+        for key in ("quantization_config", "auto_map", "_name_or_path"):
+            layer_config.pop(key, None)
+        if variant == "eagle3":
+            aux_layer_ids = aux_layer_ids or default_aux_layers(base_config.num_hidden_layers)
+            draft_vocab_size = draft_vocab_size or base_config.vocab_size
+        return cls(variant=variant, hidden_size=base_config.hidden_size, vocab_size=base_config.vocab_size,
+                   draft_vocab_size=draft_vocab_size if variant == "eagle3" else 0,
+                   aux_layer_ids=list(aux_layer_ids or []) if variant == "eagle3" else [],
+                   base_model_name_or_path=name_or_path, layer_config=layer_config)
+
+    @property
+    def feature_layers(self) -> list[int]:
+        """Which entries of the base's `output_hidden_states` the draft reads (the last one for EAGLE-1)."""
+        return list(self.aux_layer_ids) if self.variant == "eagle3" else [-1]
+
+    def transformers_config(self):
+        values = dict(self.layer_config)
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+        config.num_hidden_layers = 1
+        return config
+
+
+def _layer_parts(config):
+    """The base architecture's decoder-layer and rotary-embedding classes, found without allocating weights."""
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    inner = skeleton.base_model
+    layer = inner.layers[0]
+    return type(layer), type(inner.rotary_emb)
+
+
+class EagleDraft(nn.Module):
+    """One-layer feature-level draft. Embeddings and (for EAGLE-1) the lm_head are the base's, passed in."""
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        layer_config = config.transformers_config()
+        layer_class, rotary_class = _layer_parts(layer_config)
+        layer = layer_class(layer_config, layer_idx=0)
+        self.rotary_emb = rotary_class(config=layer_config)
+        self._attn_cache_argument = (
+            "cache" if "cache" in inspect.signature(layer.self_attn.forward).parameters else "past_key_values")
+        if config.variant == "eagle1":
+            self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+            layer.input_layernorm = nn.Identity()  # EAGLE-1: the fused input is not normalised again
+        else:
+            self.fc = nn.Linear(3 * hidden, hidden, bias=False)
+            self.hidden_norm = copy.deepcopy(layer.input_layernorm)
+            self.norm = copy.deepcopy(layer.input_layernorm)
+            attention = layer.self_attn
+            for name in ("q_proj", "k_proj", "v_proj"):  # attention reads [norm(embedding), norm(feature)]
+                old = getattr(attention, name)
+                setattr(attention, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
+            self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+            self.set_vocab_mapping(torch.arange(config.draft_vocab_size))
+        self.layers = nn.ModuleList([layer])
+
+    # ---- vocabulary (EAGLE-3) --------------------------------------------------------------
+
+    @torch.no_grad()
+    def set_vocab_mapping(self, target_ids: torch.Tensor) -> None:
+        """Draft id i stands for target id target_ids[i] (sorted ascending, e.g. the most frequent tokens)."""
+        target_ids = torch.as_tensor(target_ids, dtype=torch.long).sort().values
+        if target_ids.numel() != self.config.draft_vocab_size or target_ids.unique().numel() != target_ids.numel():
+            raise ValueError(f"the draft vocabulary needs {self.config.draft_vocab_size} distinct target ids, "
+                             f"got {target_ids.numel()} ({target_ids.unique().numel()} distinct)")
+        if int(target_ids.min()) < 0 or int(target_ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"draft vocabulary ids must lie in 0..{self.config.vocab_size - 1}")
+        self.d2t.copy_(target_ids - torch.arange(target_ids.numel()))
+        self.t2d.zero_()
+        self.t2d[target_ids] = True
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        if self.config.variant == "eagle1":
+            return draft_ids
+        return draft_ids + self.d2t[draft_ids]
+
+    # ---- forward ---------------------------------------------------------------------------
+
+    def fuse(self, base_hidden_states) -> torch.Tensor:
+        """The base's hidden states (all of `output_hidden_states`) -> the draft's input feature [.., H]."""
+        if self.config.variant == "eagle1":
+            return base_hidden_states[-1]
+        return self.fc(torch.cat([base_hidden_states[i] for i in self.config.aux_layer_ids], dim=-1))
+
+    def forward(self, features: torch.Tensor, token_embeddings: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """features [B, N, H] (fused base features or the draft's own outputs), embeddings of the next
+        tokens [B, N, H] -> the draft's output features [B, N, H] (fed back for the next draft step)."""
+        layer = self.layers[0]
+        if self.config.variant == "eagle1":
+            residual = self.fc(torch.cat([token_embeddings, features], dim=-1))
+            attention_input = residual
+        else:
+            residual = features
+            attention_input = torch.cat([layer.input_layernorm(token_embeddings), self.hidden_norm(features)], -1)
+        position_embeddings = self.rotary_emb(residual, position_ids)
+        attended, _ = layer.self_attn(hidden_states=attention_input, position_embeddings=position_embeddings,
+                                      attention_mask=attention_mask, **{self._attn_cache_argument: cache})
+        hidden = residual + attended
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def logits(self, draft_hidden: torch.Tensor, base_lm_head: nn.Module | None = None) -> torch.Tensor:
+        """Token logits of the draft's output: over the full vocabulary (EAGLE-1, base lm_head) or the
+        draft vocabulary (EAGLE-3; map ids with draft_to_target)."""
+        if self.config.variant == "eagle3":
+            return self.lm_head(self.norm(draft_hidden))
+        if base_lm_head is None:
+            raise ValueError("EAGLE-1 drafts use the base lm_head: pass base_lm_head=model.get_output_embeddings()")
+        return base_lm_head(draft_hidden)
+
+    # ---- on-disk format --------------------------------------------------------------------
+
+    def save_pretrained(self, directory: str | Path, extra: dict | None = None) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()
+                 if not name.startswith("rotary_emb.")}
+        save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+        config = {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+    @staticmethod
+    def read_config(directory: str | Path) -> tuple[EagleConfig, dict]:
+        path = Path(directory) / CONFIG_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"no EAGLE draft at {directory}: {CONFIG_NAME} is missing")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        if raw.get("model_type") != MODEL_TYPE:
+            raise ValueError(f"{path}: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
+        known = {f.name for f in fields(EagleConfig)}
+        try:
+            config = EagleConfig(**{k: v for k, v in raw.items() if k in known})
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from err
+        return config, {k: v for k, v in raw.items() if k not in known and k != "model_type"}
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "EagleDraft":
+        config, extra = cls.read_config(directory)
+        if base_model is not None:
+            check_compatible(config, base_model.config, source=str(directory))
+        draft = cls(config)
+        weights_path = Path(directory) / WEIGHTS_NAME
+        try:
+            state = load_file(str(weights_path), device=map_location)
+        except Exception as err:  # safetensors raises several types for damaged files
+            raise ValueError(f"cannot read {weights_path}: {err}") from err
+        expected = {k for k in draft.state_dict() if not k.startswith("rotary_emb.")}
+        missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
+        if missing or unexpected:
+            raise ValueError(f"{weights_path}: missing tensors {missing}, unexpected tensors {unexpected}")
+        for name, tensor in draft.state_dict().items():
+            if name in state and state[name].shape != tensor.shape:
+                raise ValueError(f"{weights_path}: tensor {name} has shape {tuple(state[name].shape)}, "
+                                 f"expected {tuple(tensor.shape)}")
+        draft.load_state_dict(state, strict=False)
+        draft.extra_config = extra
+        return draft
+
+
+def check_compatible(config: EagleConfig, base_config, source: str = "draft") -> None:
+    """A draft trained for one base is meaningless on another: refuse a size or vocabulary mismatch."""
+    problems = []
+    if config.hidden_size != base_config.hidden_size:
+        problems.append(f"hidden_size {config.hidden_size} (draft) != {base_config.hidden_size} (base)")
+    if config.vocab_size != base_config.vocab_size:
+        problems.append(f"vocab_size {config.vocab_size} (draft) != {base_config.vocab_size} (base)")
+    if config.variant == "eagle3" and max(config.aux_layer_ids) > base_config.num_hidden_layers:
+        problems.append(f"aux_layer_ids {config.aux_layer_ids} exceed the base's {base_config.num_hidden_layers} layers")
+    if problems:
+        raise ValueError(f"{source} does not fit this base model: " + "; ".join(problems))
