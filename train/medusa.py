@@ -4,53 +4,19 @@
     python train/medusa.py --config configs/smollm2-135m.yaml
 
 Loss: Σ_k 0.8^k · CE(head_k(h_t), x_{t+k+1}) over assistant tokens; the base is frozen
-(eval mode, no grads). Checkpoints (safetensors + JSON) resume exactly where a killed
-run stopped; TensorBoard logs go to <output_dir>/logs.
+(eval mode, no grads). The loop, checkpoints and logging are train/loop.py's.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import random
 import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
-from specheads.data.models import cpu_supports_bf16, load_base_model, load_tokenizer
-from specheads.data.sharegpt import load_conversations, split_heldout
-from specheads.data.tokenization import pad_batch, tokenize_conversation
 from specheads.heads import MedusaConfig, MedusaHeads
-from specheads.train.checkpoint import STATE_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
-from specheads.train.config import ConfigError, config_to_dict, load_config
 from specheads.train.losses import estimated_tau, medusa_loss, select_trained_positions, topk_hits
-
-
-# ---- config ------------------------------------------------------------------------------
-
-@dataclass
-class ModelSection:
-    name: str = "smollm2-135m-instruct"  # built-in name, HF model id or local path
-    dtype: str = "auto"  # dtype of the frozen base: auto | bf16 | fp32 | fp16 | fp64
-
-
-@dataclass
-class DataSection:
-    dataset: str = "sharegpt"  # built-in name, ShareGPT .json/.jsonl path, or HF dataset id
-    max_length: int = 512
-    heldout_size: int = 200
-    split_seed: int = 0
-    max_train_conversations: int | None = None
-    max_heldout_eval: int | None = None  # evaluate on the first N held-out conversations
-
-    def validate(self):
-        if self.max_length < 8:
-            raise ValueError(f"data.max_length must be >= 8, got {self.max_length}")
+from specheads.train.loop import DataSection, ModelSection, TrainSection, heldout_batches, train_main
 
 
 @dataclass
@@ -61,35 +27,6 @@ class HeadsSection:
 
 
 @dataclass
-class TrainSection:
-    output_dir: str = "runs/medusa"
-    epochs: float = 1.0
-    max_steps: int | None = None  # optimizer updates; overrides epochs when set
-    batch_size: int = 4  # sequences per process per micro-batch
-    grad_accum: int = 1
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.1
-    max_grad_norm: float | None = None
-    head_loss_decay: float = 0.8
-    mixed_precision: str = "auto"  # auto | bf16 | fp16 | no
-    seed: int = 42
-    log_every: int = 10
-    eval_every: int = 0  # 0: only at the end
-    save_every: int = 100
-    keep_checkpoints: int = 2
-
-    def validate(self):
-        if self.mixed_precision not in ("auto", "bf16", "fp16", "no"):
-            raise ValueError(f"train.mixed_precision must be auto, bf16, fp16 or no, got {self.mixed_precision!r}")
-        for name in ("batch_size", "grad_accum", "log_every", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-
-
-@dataclass
 class MedusaTrainConfig:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
@@ -97,65 +34,11 @@ class MedusaTrainConfig:
     train: TrainSection = field(default_factory=TrainSection)
 
 
-# ---- data --------------------------------------------------------------------------------
-
-def build_examples(conversations, tokenizer, max_length: int, desc: str):
-    examples = []
-    for conversation in tqdm(conversations, desc=f"tokenising {desc}", leave=False):
-        example = tokenize_conversation(tokenizer, conversation.messages, max_length)
-        if example.num_labels > 0:
-            examples.append(example)
-    return examples
-
-
-def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
-    """The shuffled order of one epoch, a pure function of seed and epoch (so resume can skip ahead)."""
-    order = list(range(num_examples))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order
-
-
-def micro_batches(num_examples: int, cfg: TrainSection, world: int, rank: int, start: int):
-    """Yield (micro_index, example indices of this rank) from global micro-batch `start` on, forever."""
-    per_step = cfg.batch_size * world
-    per_epoch = num_examples // per_step
-    if per_epoch == 0:
-        raise ValueError(f"{num_examples} training examples cannot fill one batch of {per_step}")
-    index = start
-    while True:
-        epoch, offset = divmod(index, per_epoch)
-        order = epoch_order(num_examples, cfg.seed, epoch)
-        batch = order[offset * per_step: (offset + 1) * per_step]
-        yield index, batch[rank * cfg.batch_size: (rank + 1) * cfg.batch_size]
-        index += 1
-
-
-# ---- steps -------------------------------------------------------------------------------
-
 def base_hidden_states(base, batch):
     """The frozen base's last hidden state (lm_head input), without building a graph."""
     with torch.no_grad():
         out = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     return out.last_hidden_state
-
-
-@torch.no_grad()
-def evaluate(base, heads, examples, pad_token_id, batch_size, accelerator) -> dict:
-    """Per-head top-1/top-5 accuracy on held-out assistant tokens, summed over ranks."""
-    heads.eval()
-    num_heads = accelerator.unwrap_model(heads).config.num_heads
-    counts = torch.zeros(num_heads, 3, dtype=torch.float64, device=accelerator.device)
-    mine = examples[accelerator.process_index::accelerator.num_processes]
-    for i in range(0, len(mine), batch_size):
-        batch = {k: v.to(accelerator.device) for k, v in pad_batch(mine[i:i + batch_size], pad_token_id).items()}
-        hidden, targets = select_trained_positions(base_hidden_states(base, batch), batch["labels"], num_heads)
-        logits = heads(hidden, base.get_output_embeddings())
-        counts += topk_hits(logits, targets).to(counts.device)
-    counts = accelerator.reduce(counts, reduction="sum")
-    heads.train()
-    top1 = (counts[:, 0] / counts[:, 2].clamp(min=1)).tolist()
-    top5 = (counts[:, 1] / counts[:, 2].clamp(min=1)).tolist()
-    return {"top1": top1, "top5": top5, "tokens": counts[:, 2].tolist(), "estimated_tau": estimated_tau(top1)}
 
 
 def format_accuracy(result: dict) -> str:
@@ -166,179 +49,7 @@ def format_accuracy(result: dict) -> str:
     return "\n".join(lines)
 
 
-def check_same_run(saved: dict, current: dict, checkpoint) -> None:
-    """Resuming with another model, data or head layout would silently train something else."""
-    changed = [f"{section}.{key}: {saved[section].get(key)!r} -> {value!r}"
-               for section in ("model", "data", "heads") if section in saved
-               for key, value in current[section].items() if saved[section].get(key) != value]
-    if changed:
-        raise SystemExit(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
-                         "use a new train.output_dir")
-
-
-def resolve_mixed_precision(setting: str) -> str:
-    if setting != "auto":
-        return setting
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if cpu_supports_bf16() else "no"
-
-
-# ---- main --------------------------------------------------------------------------------
-
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="YAML config (see configs/)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
-    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=3e-4")
-    return parser.parse_args(argv)
-
-
-def train(cfg: MedusaTrainConfig, resume: bool = False) -> dict:
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from transformers import get_cosine_schedule_with_warmup
-
-    t = cfg.train
-    out = Path(t.output_dir)
-    checkpoints = out / "checkpoints"
-    if not resume and latest_checkpoint(checkpoints) is not None:
-        raise SystemExit(f"{checkpoints} already holds checkpoints: pass --resume to continue that run, "
-                         "or set train.output_dir to a new folder (nothing was overwritten)")
-    accelerator = Accelerator(gradient_accumulation_steps=t.grad_accum,
-                              mixed_precision=resolve_mixed_precision(t.mixed_precision),
-                              log_with="tensorboard", project_dir=str(out / "logs"))
-    main = accelerator.is_main_process
-    set_seed(t.seed)
-
-    tokenizer = load_tokenizer(cfg.model.name)
-    base = load_base_model(cfg.model.name, cfg.model.dtype, accelerator.device)
-    base.requires_grad_(False)
-
-    conversations = load_conversations(cfg.data.dataset)
-    train_convs, heldout_convs = split_heldout(conversations, cfg.data.heldout_size, cfg.data.split_seed)
-    train_convs = train_convs[: cfg.data.max_train_conversations]
-    heldout_convs = heldout_convs[: cfg.data.max_heldout_eval]
-    train_examples = build_examples(train_convs, tokenizer, cfg.data.max_length, "train")
-    heldout_examples = build_examples(heldout_convs, tokenizer, cfg.data.max_length, "held-out")
-
-    heads_config = MedusaConfig.for_base(base.config, cfg.model.name, num_heads=cfg.heads.num_heads,
-                                         num_layers=cfg.heads.num_layers, own_lm_head=cfg.heads.own_lm_head)
-    heads = MedusaHeads(heads_config, base.get_output_embeddings())
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    per_update = t.batch_size * accelerator.num_processes * t.grad_accum
-    total_steps = t.max_steps or max(1, math.ceil(t.epochs * len(train_examples) / per_update))
-    scheduler = get_cosine_schedule_with_warmup(optimizer, int(t.warmup_ratio * total_steps), total_steps)
-
-    step, micro_start = 0, 0
-    if resume:
-        latest = latest_checkpoint(checkpoints)
-        if latest is None:
-            accelerator.print(f"--resume: no checkpoint under {checkpoints}; starting fresh")
-        else:
-            saved = json.loads((latest / STATE_NAME).read_text()).get("config", {})
-            check_same_run(saved, config_to_dict(cfg), latest)
-            heads.load_state_dict(MedusaHeads.from_pretrained(latest / "heads", base).state_dict())
-            state = load_checkpoint(latest, optimizer)
-            scheduler.load_state_dict(state["scheduler"])
-            step, micro_start = state["step"], state["micro_batches_done"]
-            accelerator.print(f"resumed from {latest} at step {step}")
-    heads, optimizer = accelerator.prepare(heads, optimizer)
-    lm_head = base.get_output_embeddings()
-
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "train_config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
-    flat = {f"{s}.{k}": (v if isinstance(v, (int, float, str, bool)) else str(v))
-            for s, sec in config_to_dict(cfg).items() for k, v in sec.items()}
-    accelerator.init_trackers("medusa", config=flat)
-    accelerator.print(f"{len(train_examples)} training / {len(heldout_examples)} held-out conversations; "
-                      f"{total_steps} updates of {per_update} sequences; mixed precision {accelerator.mixed_precision}")
-
-    def save(step_now, micro_done):
-        if main:
-            trainer_state = {"step": step_now, "micro_batches_done": micro_done,
-                             "scheduler": scheduler.state_dict(), "config": config_to_dict(cfg)}
-            save_checkpoint(checkpoints, step_now, accelerator.unwrap_model(heads), optimizer.optimizer,
-                            trainer_state, keep=t.keep_checkpoints)
-        accelerator.wait_for_everyone()
-
-    num_heads = heads_config.num_heads
-    progress = tqdm(total=total_steps, initial=step, desc="training heads", disable=not main)
-    window = {"loss": 0.0, "heads": torch.zeros(num_heads), "micro": 0, "samples": 0, "tokens": 0, "t0": time.time()}
-    batches = micro_batches(len(train_examples), t, accelerator.num_processes, accelerator.process_index,
-                            micro_start)
-    heads.train()
-    run_start, run_samples, run_tokens = time.time(), 0, 0
-    while step < total_steps:
-        micro_index, indices = next(batches)
-        batch = {k: v.to(accelerator.device)
-                 for k, v in pad_batch([train_examples[i] for i in indices], tokenizer.pad_token_id).items()}
-        with accelerator.accumulate(heads):
-            hidden, targets = select_trained_positions(base_hidden_states(base, batch), batch["labels"], num_heads)
-            logits = heads(hidden, lm_head)
-            loss, per_head = medusa_loss(logits, targets, t.head_loss_decay)
-            if not torch.isfinite(loss):
-                last = latest_checkpoint(checkpoints)
-                accelerator.print(f"non-finite loss ({loss.item()}) at step {step}, micro-batch {micro_index}; "
-                                  f"stopping. Last good checkpoint: {last or 'none'}")
-                accelerator.end_training()
-                raise SystemExit(1)
-            accelerator.backward(loss)
-            if accelerator.sync_gradients and t.max_grad_norm:
-                accelerator.clip_grad_norm_(heads.parameters(), t.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad()
-        window["loss"] += loss.item()
-        window["heads"] += per_head.detach().float().cpu()
-        window["micro"] += 1
-        window["samples"] += len(indices) * accelerator.num_processes
-        window["tokens"] += int(batch["attention_mask"].sum()) * accelerator.num_processes
-        run_samples += len(indices) * accelerator.num_processes
-        run_tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
-        if not accelerator.sync_gradients:
-            continue
-        scheduler.step()
-        step += 1
-        progress.update(1)
-        if step % t.log_every == 0 or step == total_steps:
-            elapsed = time.time() - window["t0"]
-            logs = {"train/loss": window["loss"] / window["micro"], "lr": scheduler.get_last_lr()[0],
-                    "train/samples_per_s": window["samples"] / elapsed, "train/tokens_per_s": window["tokens"] / elapsed}
-            logs.update({f"train/loss_head{k + 1}": v / window["micro"] for k, v in enumerate(window["heads"].tolist())})
-            accelerator.log(logs, step=step)
-            progress.set_postfix(loss=f"{logs['train/loss']:.3f}", samples_s=f"{logs['train/samples_per_s']:.2f}")
-            window.update(loss=0.0, heads=torch.zeros(num_heads), micro=0, samples=0, tokens=0, t0=time.time())
-        if t.eval_every and step % t.eval_every == 0 and step < total_steps:
-            result = evaluate(base, heads, heldout_examples, tokenizer.pad_token_id, t.batch_size, accelerator)
-            accelerator.log(eval_logs(result), step=step)
-        if step % t.save_every == 0 or step == total_steps:
-            save(step, micro_index + 1)
-    progress.close()
-    train_seconds = time.time() - run_start
-
-    result = evaluate(base, heads, heldout_examples, tokenizer.pad_token_id, t.batch_size, accelerator)
-    accelerator.log(eval_logs(result), step=step)
-    if run_samples:  # throughput of this process run (a resumed run counts only its own part)
-        result["throughput"] = {"samples_per_s": run_samples / train_seconds, "tokens_per_s": run_tokens / train_seconds,
-                                "seconds": train_seconds, "samples": run_samples, "processes": accelerator.num_processes}
-    if main:
-        final = accelerator.unwrap_model(heads)
-        accuracy = {key: result[key] for key in ("top1", "top5", "tokens", "estimated_tau")}
-        final.save_pretrained(out / "heads", extra={"heldout_accuracy": accuracy})
-        (out / "eval.json").write_text(json.dumps(result, indent=2))
-        print("held-out accuracy of the heads (assistant tokens):")
-        print(format_accuracy(result))
-        if "throughput" in result:
-            tp = result["throughput"]
-            print(f"training throughput: {tp['samples_per_s']:.2f} samples/s, {tp['tokens_per_s']:.0f} tokens/s "
-                  f"({tp['samples']} samples in {tp['seconds']:.0f} s)")
-        print(f"heads saved to {out / 'heads'}")
-    accelerator.end_training()
-    return result
-
-
-def eval_logs(result: dict) -> dict:
+def accuracy_logs(result: dict) -> dict:
     logs = {"eval/estimated_tau": result["estimated_tau"]}
     for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"]), 1):
         logs[f"eval/top1_head{k}"] = t1
@@ -346,15 +57,56 @@ def eval_logs(result: dict) -> dict:
     return logs
 
 
+def accuracy_result(counts: torch.Tensor) -> dict:
+    """Summed [K, 3] hit counts (top-1, top-5, tokens) -> per-head accuracies and the chain τ estimate."""
+    top1 = (counts[:, 0] / counts[:, 2].clamp(min=1)).tolist()
+    top5 = (counts[:, 1] / counts[:, 2].clamp(min=1)).tolist()
+    return {"top1": top1, "top5": top5, "tokens": counts[:, 2].tolist(), "estimated_tau": estimated_tau(top1)}
+
+
+class MedusaTask:
+    name = "medusa"
+
+    def __init__(self, cfg: MedusaTrainConfig):
+        self.cfg = cfg
+        self.part_names = [f"head{k + 1}" for k in range(cfg.heads.num_heads)]
+
+    def build(self, base, tokenizer, examples):
+        h = self.cfg.heads
+        config = MedusaConfig.for_base(base.config, self.cfg.model.name, num_heads=h.num_heads,
+                                       num_layers=h.num_layers, own_lm_head=h.own_lm_head)
+        return MedusaHeads(config, base.get_output_embeddings())
+
+    def load(self, directory, base):
+        return MedusaHeads.from_pretrained(directory, base)
+
+    def loss(self, heads, base, batch, indices):
+        hidden, targets = select_trained_positions(base_hidden_states(base, batch), batch["labels"],
+                                                   self.cfg.heads.num_heads)
+        return medusa_loss(heads(hidden, base.get_output_embeddings()), targets, self.cfg.train.head_loss_decay)
+
+    @torch.no_grad()
+    def evaluate(self, heads, base, examples, pad_token_id, batch_size, accelerator) -> dict:
+        """Per-head top-1/top-5 accuracy on held-out assistant tokens, summed over ranks."""
+        heads.eval()
+        num_heads = self.cfg.heads.num_heads
+        counts = torch.zeros(num_heads, 3, dtype=torch.float64, device=accelerator.device)
+        for batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
+            hidden, targets = select_trained_positions(base_hidden_states(base, batch), batch["labels"], num_heads)
+            counts += topk_hits(heads(hidden, base.get_output_embeddings()), targets).to(counts.device)
+        heads.train()
+        return accuracy_result(accelerator.reduce(counts, reduction="sum"))
+
+    format_result = staticmethod(format_accuracy)
+    eval_logs = staticmethod(accuracy_logs)
+
+    @staticmethod
+    def final_extra(result: dict) -> dict:
+        return {"heldout_accuracy": {key: result[key] for key in ("top1", "top5", "tokens", "estimated_tau")}}
+
+
 def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = load_config(MedusaTrainConfig, args.config, args.overrides)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    train(cfg, resume=args.resume)
-    return 0
+    return train_main(MedusaTrainConfig, MedusaTask, argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,322 @@
+"""The training loop every draft-head trainer shares (Medusa, EAGLE).
+
+A trainer supplies a `Task`: how to build its trainable module on the frozen base, its loss on a
+batch, and its held-out evaluation. This module owns the rest: typed config sections, data loading
+and tokenisation, accelerate (single CPU process up to DeepSpeed), AdamW + cosine warm-up + gradient
+accumulation, TensorBoard and tqdm, safetensors checkpoints that resume exactly, refusing to
+overwrite or to resume a different run, and stopping on a non-finite loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from tqdm.auto import tqdm
+
+from specheads.data.models import cpu_supports_bf16, load_base_model, load_tokenizer
+from specheads.data.sharegpt import load_conversations, split_heldout
+from specheads.data.tokenization import pad_batch, tokenize_conversation
+from specheads.train.checkpoint import STATE_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
+from specheads.train.config import config_to_dict
+
+
+# ---- config sections shared by every trainer -----------------------------------------------
+
+@dataclass
+class ModelSection:
+    name: str = "smollm2-135m-instruct"  # built-in name, HF model id or local path
+    dtype: str = "auto"  # dtype of the frozen base: auto | bf16 | fp32 | fp16 | fp64
+
+
+@dataclass
+class DataSection:
+    dataset: str = "sharegpt"  # built-in name, ShareGPT .json/.jsonl path, or HF dataset id
+    max_length: int = 512
+    heldout_size: int = 200
+    split_seed: int = 0
+    max_train_conversations: int | None = None
+    max_heldout_eval: int | None = None  # evaluate on the first N held-out conversations
+
+    def validate(self):
+        if self.max_length < 8:
+            raise ValueError(f"data.max_length must be >= 8, got {self.max_length}")
+
+
+@dataclass
+class TrainSection:
+    output_dir: str = "runs/medusa"
+    epochs: float = 1.0
+    max_steps: int | None = None  # optimizer updates; overrides epochs when set
+    batch_size: int = 4  # sequences per process per micro-batch
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    adam_betas: list[float] | None = None  # default (0.9, 0.999)
+    warmup_ratio: float = 0.1
+    max_grad_norm: float | None = None
+    head_loss_decay: float = 0.8
+    mixed_precision: str = "auto"  # auto | bf16 | fp16 | no
+    seed: int = 42
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    save_every: int = 100
+    keep_checkpoints: int = 2
+
+    def validate(self):
+        if self.mixed_precision not in ("auto", "bf16", "fp16", "no"):
+            raise ValueError(f"train.mixed_precision must be auto, bf16, fp16 or no, got {self.mixed_precision!r}")
+        for name in ("batch_size", "grad_accum", "log_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.adam_betas is not None and len(self.adam_betas) != 2:
+            raise ValueError(f"train.adam_betas must hold two numbers, got {self.adam_betas}")
+
+
+class Task(Protocol):
+    """What a trainer adds to the shared loop."""
+
+    name: str  # TensorBoard project name and progress-bar label
+    part_names: list[str]  # names of the loss components logged separately (e.g. one per head)
+
+    def build(self, base, tokenizer, examples) -> torch.nn.Module: ...
+    def load(self, directory: Path, base) -> torch.nn.Module: ...
+    def loss(self, module, base, batch: dict, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def evaluate(self, module, base, examples, pad_token_id: int, batch_size: int, accelerator) -> dict: ...
+    def format_result(self, result: dict) -> str: ...
+    def eval_logs(self, result: dict) -> dict: ...
+    def final_extra(self, result: dict) -> dict: ...
+
+
+# ---- data --------------------------------------------------------------------------------
+
+def build_examples(conversations, tokenizer, max_length: int, desc: str):
+    examples = []
+    for conversation in tqdm(conversations, desc=f"tokenising {desc}", leave=False):
+        example = tokenize_conversation(tokenizer, conversation.messages, max_length)
+        if example.num_labels > 0:
+            examples.append(example)
+    return examples
+
+
+def load_examples(cfg, tokenizer):
+    """(training examples, held-out examples) as the config's data section describes them."""
+    conversations = load_conversations(cfg.data.dataset)
+    train_convs, heldout_convs = split_heldout(conversations, cfg.data.heldout_size, cfg.data.split_seed)
+    train_convs = train_convs[: cfg.data.max_train_conversations]
+    heldout_convs = heldout_convs[: cfg.data.max_heldout_eval]
+    return (build_examples(train_convs, tokenizer, cfg.data.max_length, "train"),
+            build_examples(heldout_convs, tokenizer, cfg.data.max_length, "held-out"))
+
+
+def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled order of one epoch, a pure function of seed and epoch (so resume can skip ahead)."""
+    order = list(range(num_examples))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def micro_batches(num_examples: int, cfg: TrainSection, world: int, rank: int, start: int):
+    """Yield (micro_index, example indices of this rank) from global micro-batch `start` on, forever."""
+    per_step = cfg.batch_size * world
+    per_epoch = num_examples // per_step
+    if per_epoch == 0:
+        raise ValueError(f"{num_examples} training examples cannot fill one batch of {per_step}")
+    index = start
+    while True:
+        epoch, offset = divmod(index, per_epoch)
+        order = epoch_order(num_examples, cfg.seed, epoch)
+        batch = order[offset * per_step: (offset + 1) * per_step]
+        yield index, batch[rank * cfg.batch_size: (rank + 1) * cfg.batch_size]
+        index += 1
+
+
+def heldout_batches(examples, pad_token_id: int, batch_size: int, accelerator):
+    """This rank's share of the held-out examples, padded, on the accelerator's device."""
+    mine = examples[accelerator.process_index::accelerator.num_processes]
+    for i in range(0, len(mine), batch_size):
+        yield {k: v.to(accelerator.device) for k, v in pad_batch(mine[i:i + batch_size], pad_token_id).items()}
+
+
+# ---- run ---------------------------------------------------------------------------------
+
+def check_same_run(saved: dict, current: dict, checkpoint) -> None:
+    """Resuming with another model, data or module layout would silently train something else."""
+    changed = [f"{section}.{key}: {saved[section].get(key)!r} -> {value!r}"
+               for section in current if section != "train" and section in saved
+               for key, value in current[section].items() if saved[section].get(key) != value]
+    if changed:
+        raise SystemExit(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
+                         "use a new train.output_dir")
+
+
+def resolve_mixed_precision(setting: str) -> str:
+    if setting != "auto":
+        return setting
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cpu_supports_bf16() else "no"
+
+
+def run_training(cfg, task: Task, resume: bool = False) -> dict:
+    """Train task's module per cfg (sections model, data, train, + the task's own); return the evaluation."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import get_cosine_schedule_with_warmup
+
+    t = cfg.train
+    out = Path(t.output_dir)
+    checkpoints = out / "checkpoints"
+    if not resume and latest_checkpoint(checkpoints) is not None:
+        raise SystemExit(f"{checkpoints} already holds checkpoints: pass --resume to continue that run, "
+                         "or set train.output_dir to a new folder (nothing was overwritten)")
+    accelerator = Accelerator(gradient_accumulation_steps=t.grad_accum,
+                              mixed_precision=resolve_mixed_precision(t.mixed_precision),
+                              log_with="tensorboard", project_dir=str(out / "logs"))
+    main = accelerator.is_main_process
+    set_seed(t.seed)
+
+    tokenizer = load_tokenizer(cfg.model.name)
+    base = load_base_model(cfg.model.name, cfg.model.dtype, accelerator.device)
+    base.requires_grad_(False)
+    train_examples, heldout_examples = load_examples(cfg, tokenizer)
+
+    module = task.build(base, tokenizer, train_examples)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+                                  betas=tuple(t.adam_betas or (0.9, 0.999)))
+    per_update = t.batch_size * accelerator.num_processes * t.grad_accum
+    total_steps = t.max_steps or max(1, math.ceil(t.epochs * len(train_examples) / per_update))
+    scheduler = get_cosine_schedule_with_warmup(optimizer, int(t.warmup_ratio * total_steps), total_steps)
+
+    step, micro_start = 0, 0
+    if resume:
+        latest = latest_checkpoint(checkpoints)
+        if latest is None:
+            accelerator.print(f"--resume: no checkpoint under {checkpoints}; starting fresh")
+        else:
+            saved = json.loads((latest / STATE_NAME).read_text()).get("config", {})
+            check_same_run(saved, config_to_dict(cfg), latest)
+            module.load_state_dict(task.load(latest / "heads", base).state_dict())
+            state = load_checkpoint(latest, optimizer)
+            scheduler.load_state_dict(state["scheduler"])
+            step, micro_start = state["step"], state["micro_batches_done"]
+            accelerator.print(f"resumed from {latest} at step {step}")
+    module, optimizer = accelerator.prepare(module, optimizer)
+
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "train_config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
+    flat = {f"{s}.{k}": (v if isinstance(v, (int, float, str, bool)) else str(v))
+            for s, sec in config_to_dict(cfg).items() for k, v in sec.items()}
+    accelerator.init_trackers(task.name, config=flat)
+    accelerator.print(f"{len(train_examples)} training / {len(heldout_examples)} held-out conversations; "
+                      f"{total_steps} updates of {per_update} sequences; mixed precision {accelerator.mixed_precision}")
+
+    def save(step_now, micro_done):
+        if main:
+            trainer_state = {"step": step_now, "micro_batches_done": micro_done,
+                             "scheduler": scheduler.state_dict(), "config": config_to_dict(cfg)}
+            save_checkpoint(checkpoints, step_now, accelerator.unwrap_model(module), optimizer.optimizer,
+                            trainer_state, keep=t.keep_checkpoints)
+        accelerator.wait_for_everyone()
+
+    parts = len(task.part_names)
+    progress = tqdm(total=total_steps, initial=step, desc=f"training {task.name}", disable=not main)
+    window = {"loss": 0.0, "parts": torch.zeros(parts), "micro": 0, "samples": 0, "tokens": 0, "t0": time.time()}
+    batches = micro_batches(len(train_examples), t, accelerator.num_processes, accelerator.process_index,
+                            micro_start)
+    module.train()
+    run_start, run_samples, run_tokens = time.time(), 0, 0
+    while step < total_steps:
+        micro_index, indices = next(batches)
+        batch = {k: v.to(accelerator.device)
+                 for k, v in pad_batch([train_examples[i] for i in indices], tokenizer.pad_token_id).items()}
+        with accelerator.accumulate(module):
+            loss, per_part = task.loss(module, base, batch, indices)
+            if not torch.isfinite(loss):
+                last = latest_checkpoint(checkpoints)
+                accelerator.print(f"non-finite loss ({loss.item()}) at step {step}, micro-batch {micro_index}; "
+                                  f"stopping. Last good checkpoint: {last or 'none'}")
+                accelerator.end_training()
+                raise SystemExit(1)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and t.max_grad_norm:
+                accelerator.clip_grad_norm_(module.parameters(), t.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+        tokens = int(batch["attention_mask"].sum()) * accelerator.num_processes
+        window["loss"] += loss.item()
+        window["parts"] += per_part.detach().float().cpu()
+        window["micro"] += 1
+        window["samples"] += len(indices) * accelerator.num_processes
+        window["tokens"] += tokens
+        run_samples += len(indices) * accelerator.num_processes
+        run_tokens += tokens
+        if not accelerator.sync_gradients:
+            continue
+        scheduler.step()
+        step += 1
+        progress.update(1)
+        if step % t.log_every == 0 or step == total_steps:
+            elapsed = time.time() - window["t0"]
+            logs = {"train/loss": window["loss"] / window["micro"], "lr": scheduler.get_last_lr()[0],
+                    "train/samples_per_s": window["samples"] / elapsed, "train/tokens_per_s": window["tokens"] / elapsed}
+            logs.update({f"train/loss_{name}": v / window["micro"]
+                         for name, v in zip(task.part_names, window["parts"].tolist())})
+            accelerator.log(logs, step=step)
+            progress.set_postfix(loss=f"{logs['train/loss']:.3f}", samples_s=f"{logs['train/samples_per_s']:.2f}")
+            window.update(loss=0.0, parts=torch.zeros(parts), micro=0, samples=0, tokens=0, t0=time.time())
+        if t.eval_every and step % t.eval_every == 0 and step < total_steps:
+            result = task.evaluate(module, base, heldout_examples, tokenizer.pad_token_id, t.batch_size, accelerator)
+            accelerator.log(task.eval_logs(result), step=step)
+        if step % t.save_every == 0 or step == total_steps:
+            save(step, micro_index + 1)
+    progress.close()
+    train_seconds = time.time() - run_start
+
+    result = task.evaluate(module, base, heldout_examples, tokenizer.pad_token_id, t.batch_size, accelerator)
+    accelerator.log(task.eval_logs(result), step=step)
+    if run_samples:  # throughput of this process run (a resumed run counts only its own part)
+        result["throughput"] = {"samples_per_s": run_samples / train_seconds, "tokens_per_s": run_tokens / train_seconds,
+                                "seconds": train_seconds, "samples": run_samples, "processes": accelerator.num_processes}
+    if main:
+        accelerator.unwrap_model(module).save_pretrained(out / "heads", extra=task.final_extra(result))
+        (out / "eval.json").write_text(json.dumps(result, indent=2))
+        print(f"held-out accuracy of the {task.name} draft (assistant tokens):")
+        print(task.format_result(result))
+        if "throughput" in result:
+            tp = result["throughput"]
+            print(f"training throughput: {tp['samples_per_s']:.2f} samples/s, {tp['tokens_per_s']:.0f} tokens/s "
+                  f"({tp['samples']} samples in {tp['seconds']:.0f} s)")
+        print(f"saved to {out / 'heads'}")
+    accelerator.end_training()
+    return result
+
+
+def train_main(config_class, make_task, argv, description: str) -> int:
+    """The command line of a trainer: --config FILE [--resume] [section.key=value ...]."""
+    import argparse
+    import sys
+
+    from specheads.train.config import ConfigError, load_config
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="YAML config (see configs/)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=3e-4")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(config_class, args.config, args.overrides)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    run_training(cfg, make_task(cfg), resume=args.resume)
+    return 0
