@@ -92,6 +92,8 @@ class EagleConfig:
         values = dict(self.layer_config)
         config = AutoConfig.for_model(values.pop("model_type"), **values)
         config.num_hidden_layers = 1
+        # Eager attention takes an additive float mask of any dtype (the tree and unrolled-step masks).
+        config._attn_implementation = "eager"
         return config
 
 
@@ -156,11 +158,11 @@ class EagleDraft(nn.Module):
 
     # ---- forward ---------------------------------------------------------------------------
 
-    def fuse(self, base_hidden_states) -> torch.Tensor:
-        """The base's hidden states (all of `output_hidden_states`) -> the draft's input feature [.., H]."""
+    def fuse(self, selected_states) -> torch.Tensor:
+        """The base's hidden states at `config.feature_layers` (a list) -> the draft's input feature [.., H]."""
         if self.config.variant == "eagle1":
-            return base_hidden_states[-1]
-        return self.fc(torch.cat([base_hidden_states[i] for i in self.config.aux_layer_ids], dim=-1))
+            return selected_states[0]
+        return self.fc(torch.cat(list(selected_states), dim=-1))
 
     def forward(self, features: torch.Tensor, token_embeddings: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:

@@ -240,7 +240,8 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
         batch = {k: v.to(accelerator.device)
                  for k, v in pad_batch([train_examples[i] for i in indices], tokenizer.pad_token_id).items()}
         with accelerator.accumulate(module):
-            loss, per_part = task.loss(module, base, batch, indices)
+            with accelerator.autocast():
+                loss, per_part = task.loss(module, base, batch, indices)
             if not torch.isfinite(loss):
                 last = latest_checkpoint(checkpoints)
                 accelerator.print(f"non-finite loss ({loss.item()}) at step {step}, micro-batch {micro_index}; "

@@ -63,3 +63,27 @@ def estimated_tau(top1: list[float]) -> float:
         product *= accuracy
         tau += product
     return tau
+
+
+# ---- EAGLE -------------------------------------------------------------------------------
+
+def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """Per-row −Σ p·log q: the draft learns the base's whole next-token distribution, not one label."""
+    return -(target_probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+def unrolled_step_mask(length: int, step: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Additive attention mask [length, (step+1)·length] for draft step `step` of training-time test.
+
+    Keys are laid out step by step (step 0's `length` keys, then step 1's, ...). A query at position t
+    of step i drafts from start s = t − i: it sees step 0 (real features) up to s, then the one key
+    that each later step j ≤ i produced on the same path, at position s + j — exactly what the draft
+    sees when decoding i tokens past the last accepted one.
+    """
+    t = torch.arange(length, device=device)
+    allowed = [t[None, :] <= (t[:, None] - step)]  # step 0 keys
+    for j in range(1, step + 1):
+        allowed.append(t[None, :] == (t[:, None] - step + j))
+    allowed = torch.cat(allowed, dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)

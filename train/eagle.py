@@ -1,0 +1,270 @@
+"""Train an EAGLE draft head (EAGLE-1 or EAGLE-3) on a frozen base model.
+
+    accelerate launch train/eagle.py --config configs/smollm2-135m-eagle3.yaml [section.key=value ...] [--resume]
+
+At position t the draft reads the base's feature at t and the token x_{t+1}, and predicts the base's
+next-token distribution at t+1 (and, for EAGLE-1, the feature f_{t+1} itself):
+  EAGLE-1: SmoothL1(f̂, f) + 0.1 · soft-CE(lm_head(f̂), softmax(lm_head(f))), input noise U(−0.1, 0.1).
+  EAGLE-3: training-time test: `ttt_steps` unrolled draft steps, step i fed the draft's own features of
+           step i−1 (train/losses.unrolled_step_mask), soft-CE over the draft vocabulary weighted 0.8^i.
+The base's hidden states are computed online, or once per example into a cache keyed by model, data
+and settings (eagle.cache_features) so later epochs skip the base forward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import DynamicCache
+
+from specheads.data.models import cache_root
+from specheads.data.tokenization import IGNORE_INDEX
+from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
+from specheads.train.losses import soft_cross_entropy, unrolled_step_mask
+from specheads.train.loop import DataSection, ModelSection, TrainSection, heldout_batches, train_main
+from specheads.train.medusa import accuracy_logs, accuracy_result, format_accuracy
+
+
+@dataclass
+class EagleSection:
+    variant: str = "eagle3"  # eagle1 | eagle3
+    draft_vocab_size: int = 8192  # eagle3: the most frequent target tokens of the training answers
+    aux_layer_ids: list[int] | None = None  # eagle3: default the hidden states entering layers 2, L//2, L-3
+    ttt_steps: int = 4  # unrolled draft steps per position in training (1 = plain teacher forcing)
+    eval_steps: int = 5  # draft steps measured on held-out data (per-step accuracy, chain τ estimate)
+    feature_loss_weight: float = 0.0  # EAGLE-1: 1.0 (SmoothL1 on features)
+    token_loss_weight: float = 1.0  # EAGLE-1: 0.1
+    input_noise: float = 0.0  # EAGLE-1: 0.1 (uniform noise on the input features)
+    cache_features: bool = True  # store the base's hidden states once and reuse them across epochs
+    cache_dir: str = ""  # default: <specheads cache>/features
+
+    def validate(self):
+        if self.variant not in ("eagle1", "eagle3"):
+            raise ValueError(f"eagle.variant must be eagle1 or eagle3, got {self.variant!r}")
+        if self.ttt_steps < 1 or self.eval_steps < 1:
+            raise ValueError("eagle.ttt_steps and eagle.eval_steps must be >= 1")
+
+
+@dataclass
+class EagleTrainConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    eagle: EagleSection = field(default_factory=EagleSection)
+    train: TrainSection = field(default_factory=TrainSection)
+
+
+# ---- the base's features -------------------------------------------------------------------
+
+class FeatureSource:
+    """The frozen base's hidden states for a batch: the draft's input layers and the last one.
+
+    With caching, each example's states are written once (bf16 safetensors, atomically) under a folder
+    named by a hash of everything that determines them, so a cache is never reused for another model,
+    dataset or setting. Cached and online states are the same numbers (both come from this code)."""
+
+    def __init__(self, base, cfg: EagleTrainConfig, layers: list[int], split: str):
+        self.base, self.layers = base, layers
+        self.directory = None
+        if cfg.eagle.cache_features:
+            key = {"model": cfg.model.name, "model_dtype": str(base.dtype),
+                   "model_files": str(getattr(base.config, "_name_or_path", "")), "data": asdict(cfg.data),
+                   "layers": layers, "split": split, "format": 1}
+            digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+            root = Path(cfg.eagle.cache_dir) if cfg.eagle.cache_dir else cache_root() / "features"
+            self.directory = root / f"{split}-{digest}"
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / "key.json").write_text(json.dumps(key, indent=2))
+
+    def _path(self, index: int) -> Path:
+        return self.directory / f"{index:07d}.safetensors"
+
+    @torch.no_grad()
+    def _compute(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      output_hidden_states=True)
+        states = out.hidden_states
+        last = states[-1]
+        if not self.layers:  # EAGLE-1 reads the last hidden state only
+            return last.new_zeros((0, *last.shape)), last
+        return torch.stack([states[i] for i in self.layers]), last
+
+    def __call__(self, batch, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> input states [len(layers), B, T, H], last hidden state [B, T, H] (both the base's dtype)."""
+        if self.directory is None:
+            return self._compute(batch)
+        if not all(self._path(i).is_file() for i in indices):
+            inputs, last = self._compute(batch)
+            lengths = batch["attention_mask"].sum(1).tolist()
+            for row, (index, n) in enumerate(zip(indices, lengths)):
+                tmp = self._path(index).with_suffix(".tmp")
+                save_file({"inputs": inputs[:, row, :n].to(torch.bfloat16).contiguous().cpu(),
+                           "last": last[row, :n].to(torch.bfloat16).contiguous().cpu()}, str(tmp))
+                os.replace(tmp, self._path(index))
+        length = batch["input_ids"].shape[1]
+        inputs, lasts = [], []
+        for index in indices:
+            try:
+                stored = load_file(str(self._path(index)))
+            except Exception as err:
+                raise ValueError(f"feature cache file {self._path(index)} is unreadable ({err}); delete it") from err
+            pad = length - stored["last"].shape[0]
+            inputs.append(F.pad(stored["inputs"], (0, 0, 0, pad)))
+            lasts.append(F.pad(stored["last"], (0, 0, 0, pad)))
+        device, dtype = batch["input_ids"].device, self.base.dtype
+        return torch.stack(inputs, 1).to(device, dtype), torch.stack(lasts).to(device, dtype)
+
+
+# ---- the unrolled draft ----------------------------------------------------------------------
+
+def unrolled_draft(draft: EagleDraft, base, batch, inputs, last, steps: int, noise: float = 0.0):
+    """Run `steps` draft steps over every position at once (training-time test).
+
+    Returns per step the draft's output features at the trained positions, plus those positions' targets:
+    (outputs [steps, N, H], target features [N, H], target token distribution rows [N, H] of the base's
+    last hidden state at t+1, validity [steps, N])."""
+    ids, labels = batch["input_ids"], batch["labels"]
+    length = ids.shape[1] - 1  # position t pairs the feature at t with the token x_{t+1}
+    embeddings = base.get_input_embeddings()(ids[:, 1:])
+    selected = [last[:, :length]] if draft.config.variant == "eagle1" else list(inputs[:, :, :length])
+    features = draft.fuse(selected)
+    if noise:
+        features = features + (torch.rand_like(features) * 2 - 1) * noise
+    # Trained positions: x_{t+2}, the token drafted at t, is an assistant token.
+    trained = torch.zeros_like(labels[:, 1:], dtype=torch.bool)
+    trained[:, :-1] = labels[:, 2:] != IGNORE_INDEX
+    positions = torch.arange(length, device=ids.device)[None].expand(ids.shape[0], -1)
+    cache = DynamicCache()
+    outputs, valid = [], []
+    for step in range(steps):
+        mask = unrolled_step_mask(length, step, torch.float32, ids.device)[None, None]
+        out = draft(features, embeddings, positions, mask, cache)
+        outputs.append(out)
+        ok = trained.clone()
+        ok[:, :step] = False  # no path starts before position 0
+        valid.append(ok)
+        features = F.pad(out[:, :-1], (0, 0, 1, 0))  # step i+1 at t reads step i's output at t−1
+    keep = torch.stack(valid).any(0)  # [B, length]
+    return (torch.stack([o[keep] for o in outputs]), last[:, 1:][keep], torch.stack([v[keep] for v in valid]))
+
+
+def draft_token_logits(draft: EagleDraft, base, hidden):
+    return draft.logits(hidden, base.get_output_embeddings())
+
+
+@torch.no_grad()
+def base_targets(draft: EagleDraft, base, target_features):
+    """The base's next-token distribution (restricted to the draft vocabulary for EAGLE-3) and its argmax."""
+    logits = base.get_output_embeddings()(target_features).float()
+    greedy = logits.argmax(-1)
+    probs = torch.softmax(logits, dim=-1)
+    if draft.config.variant == "eagle3":
+        target_ids = torch.arange(draft.config.draft_vocab_size, device=probs.device) + draft.d2t
+        probs = probs[:, target_ids]
+    return probs, greedy
+
+
+class EagleTask:
+    def __init__(self, cfg: EagleTrainConfig):
+        self.cfg = cfg
+        self.name = cfg.eagle.variant
+        self.part_names = [f"step{i + 1}" for i in range(cfg.eagle.ttt_steps)]
+        self.sources = {}
+
+    def _layers(self, base) -> list[int]:
+        if self.cfg.eagle.variant == "eagle1":
+            return []
+        return self.cfg.eagle.aux_layer_ids or default_aux_layers(base.config.num_hidden_layers)
+
+    def _features(self, base, split):
+        if split not in self.sources:
+            self.sources[split] = FeatureSource(base, self.cfg, self._layers(base), split)
+        return self.sources[split]
+
+    def build(self, base, tokenizer, examples):
+        e = self.cfg.eagle
+        config = EagleConfig.for_base(base.config, self.cfg.model.name, variant=e.variant,
+                                      draft_vocab_size=e.draft_vocab_size, aux_layer_ids=self._layers(base) or None)
+        draft = EagleDraft(config)
+        if e.variant == "eagle3":
+            draft.set_vocab_mapping(frequent_tokens(examples, config.vocab_size, config.draft_vocab_size))
+        return draft
+
+    def load(self, directory, base):
+        return EagleDraft.from_pretrained(directory, base)
+
+    def _losses(self, draft, base, batch, inputs, last, steps, noise):
+        e = self.cfg.eagle
+        outputs, target_features, valid = unrolled_draft(draft, base, batch, inputs, last, steps, noise)
+        probs, greedy = base_targets(draft, base, target_features)
+        per_step, hits = [], []
+        for step in range(steps):
+            rows = valid[step]
+            logits = draft_token_logits(draft, base, outputs[step][rows])
+            loss = e.token_loss_weight * soft_cross_entropy(logits, probs[rows]).mean()
+            if e.feature_loss_weight:
+                loss = loss + e.feature_loss_weight * F.smooth_l1_loss(outputs[step][rows].float(),
+                                                                       target_features[rows].float())
+            per_step.append(loss)
+            with torch.no_grad():
+                top = draft.draft_to_target(logits.topk(5, dim=-1).indices)
+                match = top == greedy[rows, None]
+                hits.append(torch.stack([match[:, :1].any(-1).sum(), match.any(-1).sum()]).double()
+                            .tolist() + [float(rows.sum())])
+        return torch.stack(per_step), torch.tensor(hits, dtype=torch.float64)
+
+    def loss(self, draft, base, batch, indices):
+        inputs, last = self._features(base, "train")(batch, indices)
+        per_step, _ = self._losses(draft, base, batch, inputs, last, self.cfg.eagle.ttt_steps, self.cfg.eagle.input_noise)
+        weights = self.cfg.train.head_loss_decay ** torch.arange(len(per_step), dtype=per_step.dtype)
+        return (weights.to(per_step.device) * per_step).sum(), per_step
+
+    @torch.no_grad()
+    def evaluate(self, draft, base, examples, pad_token_id, batch_size, accelerator) -> dict:
+        """Per draft step: how often the draft's top-1 / top-5 holds the base's greedy token (own features fed back)."""
+        draft.eval()
+        steps = self.cfg.eagle.eval_steps
+        counts = torch.zeros(steps, 3, dtype=torch.float64, device=accelerator.device)
+        source = self._features(base, "heldout")
+        first = 0
+        for batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
+            indices = list(range(first, first + batch["input_ids"].shape[0]))
+            first += len(indices)
+            inputs, last = source(batch, [accelerator.process_index + i * accelerator.num_processes for i in indices])
+            with accelerator.autocast():
+                _, hits = self._losses(draft, base, batch, inputs, last, steps, 0.0)
+            counts += hits.to(counts.device)
+        draft.train()
+        return accuracy_result(accelerator.reduce(counts, reduction="sum"))
+
+    format_result = staticmethod(format_accuracy)
+    eval_logs = staticmethod(accuracy_logs)
+
+    @staticmethod
+    def final_extra(result: dict) -> dict:
+        return {"heldout_accuracy": {key: result[key] for key in ("top1", "top5", "tokens", "estimated_tau")}}
+
+
+def frequent_tokens(examples, vocab_size: int, count: int) -> torch.Tensor:
+    """The `count` most frequent assistant tokens of the training data (ties and unseen ids by id)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for example in examples:
+        labels = torch.as_tensor(example.labels)
+        counts += torch.bincount(labels[labels != IGNORE_INDEX], minlength=vocab_size)[:vocab_size]
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
+    return torch.tensor(order[:count])
+
+
+def main(argv=None) -> int:
+    return train_main(EagleTrainConfig, EagleTask, argv, __doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
