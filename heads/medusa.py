@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
+
+from .weights import read_folder_safetensors
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -105,13 +107,7 @@ class MedusaHeads(nn.Module):
     @staticmethod
     def read_config(directory: str | Path) -> tuple[MedusaConfig, dict]:
         """Read config.json -> (MedusaConfig, the other fields it holds)."""
-        path = Path(directory) / CONFIG_NAME
-        if not path.is_file():
-            raise FileNotFoundError(f"no Medusa heads at {directory}: {CONFIG_NAME} is missing")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        path, raw = read_json_config(directory)
         if raw.get("model_type") != MODEL_TYPE:
             raise ValueError(f"{path}: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
         known = {f.name for f in fields(MedusaConfig)}
@@ -124,21 +120,56 @@ class MedusaHeads(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "MedusaHeads":
-        """Load heads; with `base_model`, first check they fit it (hidden size, vocabulary)."""
+        """Load heads; with `base_model`, first check they fit it (hidden size, vocabulary).
+
+        Also reads FasterDecoding/Medusa v0.1 and vLLM Medusa folders (see `medusa_import`)."""
+        if _model_type(directory) != MODEL_TYPE:  # FasterDecoding / vLLM Medusa folders load too
+            from .medusa_import import import_foreign
+
+            return import_foreign(directory, base_model=base_model)
         config, extra = cls.read_config(directory)
         if base_model is not None:
             check_compatible(config, base_model.config, source=str(directory))
         heads = cls(config)
         weights_path = Path(directory) / WEIGHTS_NAME
-        try:
-            state = load_file(str(weights_path), device=map_location)
-        except Exception as err:  # safetensors raises several types for damaged files
-            raise ValueError(f"cannot read {weights_path}: {err}") from err
+        state = read_folder_safetensors(directory, WEIGHTS_NAME, device=map_location)
         missing, unexpected = heads.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"{weights_path}: missing tensors {missing}, unexpected tensors {unexpected}")
         heads.extra_config = extra
         return heads
+
+    def push_to_hub(self, repo_id: str, **options):
+        """Save to a temporary folder and upload it with a model card (see `specheads.heads.hub`)."""
+        import tempfile
+
+        from .hub import push_to_hub
+
+        with tempfile.TemporaryDirectory(prefix="specheads-heads-") as tmp:
+            self.save_pretrained(tmp, extra=getattr(self, "extra_config", None))
+            return push_to_hub(tmp, repo_id, **options)
+
+
+def read_json_config(directory: str | Path) -> tuple[Path, dict]:
+    """(path, contents) of a heads folder's config.json, with errors that name the file."""
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no Medusa heads at {directory}: {CONFIG_NAME} is missing")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return path, raw
+
+
+def _model_type(directory: str | Path):
+    """config.json's model_type; an unreadable file counts as ours so that read_config says what is wrong."""
+    try:
+        return json.loads((Path(directory) / CONFIG_NAME).read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return MODEL_TYPE
 
 
 def check_compatible(config: MedusaConfig, base_config, source: str = "heads") -> None:

@@ -1,0 +1,142 @@
+"""Write trained heads in the formats serving tools load (shared/REFERENCE.md §6).
+
+FORMATS maps a format name to its converter `convert(heads_dir, out_dir, *, model=None, overwrite=False)`;
+`scripts/export.py` is its command line. The readers for these formats (back to MedusaHeads) are in
+`medusa_import.py`, which takes its tensor names from here so that both directions agree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import save_file
+
+from .medusa import MedusaConfig, MedusaHeads
+
+VLLM_MEDUSA_WEIGHTS = "model.safetensors"
+
+
+def prepare_out_dir(out_dir: str | Path, source_dir: str | Path, overwrite: bool = False) -> Path:
+    """Create `out_dir`; never write into the source folder, nor over a non-empty folder unasked."""
+    out_dir, source_dir = Path(out_dir), Path(source_dir)
+    if out_dir.resolve() == source_dir.resolve():
+        raise ValueError(f"{out_dir}: the output folder is the heads folder itself; choose another")
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out_dir} is not empty; pass overwrite=True (--overwrite) to write into it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+# ---- vLLM Medusa ------------------------------------------------------------------------------
+
+def vllm_medusa_names(config: MedusaConfig) -> dict[str, str]:
+    """specheads tensor name -> vLLM Medusa tensor name (blocks, and the heads' own lm_heads)."""
+    names = {}
+    for i in range(config.num_heads):
+        for j in range(config.num_layers):
+            for kind in ("weight", "bias"):
+                names[f"blocks.{i}.{j}.linear.{kind}"] = f"blocks.{i}.layers.{j}.{kind}"
+        if config.own_lm_head:
+            names[f"lm_heads.{i}.weight"] = f"lm_heads.{i}.weight"
+    return names
+
+
+def vllm_medusa_config(config: MedusaConfig) -> dict:
+    """vLLM's config.json for these heads: shared-lm_head heads ship the base lm_head as lm_heads.0."""
+    return {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+        "num_heads": config.num_heads,
+        "num_hidden_layers": config.num_layers,
+        "truncated_vocab_size": config.vocab_size,
+        "medusa_fc_bias": True,
+        "original_lm_head": not config.own_lm_head,
+    }
+
+
+def vllm_medusa_tensors(heads: MedusaHeads, base_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of vLLM's Medusa draft model; `base_lm_head` [V, H] is needed for shared-lm_head heads."""
+    own = heads.state_dict()
+    tensors = {theirs: own[ours] for ours, theirs in vllm_medusa_names(heads.config).items()}
+    if not heads.config.own_lm_head:
+        expected = (heads.config.vocab_size, heads.config.hidden_size)
+        if base_lm_head is None:
+            raise ValueError("these heads share the base lm_head, which vLLM needs as lm_heads.0.weight: "
+                             "pass the base model (--model) or its lm_head weight")
+        if tuple(base_lm_head.shape) != expected:
+            raise ValueError(f"base lm_head weight has shape {tuple(base_lm_head.shape)}, the heads need "
+                             f"{expected} (vocab_size, hidden_size): wrong base model?")
+        dtype = next((tensor.dtype for tensor in own.values()), base_lm_head.dtype)  # the heads' dtype
+        tensors["lm_heads.0.weight"] = base_lm_head.to(dtype)
+    # save_file refuses tensors that share memory (a tied lm_head) or are views: give each its own copy.
+    return {name: tensor.detach().cpu().contiguous().clone() for name, tensor in tensors.items()}
+
+
+def base_lm_head_weight(model: str) -> torch.Tensor:
+    """The output projection [V, H] of a base model (Hub id, folder or built-in name), in float32."""
+    from specheads.data.models import load_base_model
+
+    base = load_base_model(model, dtype="float32")
+    return base.get_output_embeddings().weight.detach()
+
+
+def export_vllm_medusa(heads_dir: str | Path, out_dir: str | Path, *, model: str | None = None,
+                       lm_head_weight: torch.Tensor | None = None, overwrite: bool = False) -> Path:
+    """Heads folder -> a vLLM Medusa draft folder (`--speculative-config '{"model": out_dir, ...}'`)."""
+    heads = MedusaHeads.from_pretrained(heads_dir)
+    if not heads.config.own_lm_head and lm_head_weight is None:
+        model = model or heads.config.base_model_name_or_path
+        if not model:
+            raise ValueError(f"{heads_dir}: the heads share the base lm_head and name no base model; pass --model")
+        lm_head_weight = base_lm_head_weight(model)
+    tensors = vllm_medusa_tensors(heads, lm_head_weight)
+    out_dir = prepare_out_dir(out_dir, heads_dir, overwrite)
+    save_file(tensors, str(out_dir / VLLM_MEDUSA_WEIGHTS), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(vllm_medusa_config(heads.config), indent=2) + "\n")
+    return out_dir
+
+
+# ---- specheads' own format (from any folder MedusaHeads reads) --------------------------------
+
+def export_specheads(heads_dir: str | Path, out_dir: str | Path, *, model: str | None = None,
+                     overwrite: bool = False) -> Path:
+    """FasterDecoding / vLLM Medusa folder -> specheads heads (config.json + model.safetensors)."""
+    base = None
+    if model:
+        from specheads.data.models import load_base_model
+
+        base = load_base_model(model, dtype="float32")
+    heads = MedusaHeads.from_pretrained(heads_dir, base_model=base)
+    if model and not heads.config.base_model_name_or_path:
+        heads.config.base_model_name_or_path = model
+    out_dir = prepare_out_dir(out_dir, heads_dir, overwrite)
+    heads.save_pretrained(out_dir, extra=getattr(heads, "extra_config", None))
+    return out_dir
+
+
+# ---- EAGLE formats: need EAGLE heads -----------------------------------------------------------
+
+def _needs_eagle_heads(name: str) -> Callable[..., Path]:
+    def convert(heads_dir, out_dir, **options):
+        raise NotImplementedError(f"format {name!r} exports EAGLE heads; specheads cannot export them yet "
+                                  f"(Medusa heads export as 'vllm-medusa')")
+    return convert
+
+
+FORMATS: dict[str, Callable[..., Path]] = {
+    "vllm-medusa": export_vllm_medusa,
+    "specheads": export_specheads,
+    **{name: _needs_eagle_heads(name) for name in ("vllm-eagle", "sglang-eagle", "vllm-eagle3", "sglang-eagle3")},
+}
+
+
+def export(format: str, heads_dir: str | Path, out_dir: str | Path, **options) -> Path:
+    """Convert `heads_dir` into `format` at `out_dir`."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
+    return FORMATS[format](heads_dir, out_dir, **options)

@@ -1,0 +1,189 @@
+"""A model card (README.md) for a heads folder: what the heads are for, how they were trained, how well
+they guess and how much faster they decode, from the files a specheads run leaves next to them.
+
+Sources, all optional except the heads' config.json: `<run>/train_config.json` (train/medusa.py),
+the held-out accuracy and tree stored in config.json, and `<run>/bench/results.json` (scripts/bench.py).
+`<run>` is the folder above `heads/`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .medusa import MedusaHeads
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hub_base_model(name: str) -> str | None:
+    """The Hub id of the base (built-in names map to their upstream id); None for a local folder."""
+    from specheads.data.models import BUILTIN_MODELS
+
+    if name in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name].upstream_id
+    if HUB_ID.fullmatch(name or "") and not Path(name).exists():
+        return name
+    return None
+
+
+def _read_json(path: Path | None) -> dict | None:
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+
+
+def find_bench_results(heads_dir: Path) -> Path | None:
+    """<run>/bench/results.json, if the benchmark it records ran these heads."""
+    path = heads_dir.parent / "bench" / "results.json"
+    results = _read_json(path)
+    if results is None:
+        return None
+    recorded = results.get("heads")
+    if recorded and Path(recorded).resolve() != heads_dir.resolve() \
+            and Path(recorded).parts[-2:] != heads_dir.resolve().parts[-2:]:
+        return None  # a benchmark of other heads
+    return path
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
+def _accuracy_section(accuracy: dict | None) -> list[str]:
+    if not accuracy or "top1" not in accuracy:
+        return ["No held-out accuracy was recorded with these heads."]
+    top5 = accuracy.get("top5") or [None] * len(accuracy["top1"])
+    rows = [[k + 1, f"{t1:.3f}", "–" if t5 is None else f"{t5:.3f}"]
+            for k, (t1, t5) in enumerate(zip(accuracy["top1"], top5))]
+    lines = []
+    if accuracy.get("tokens"):
+        lines += [f"Measured on {int(accuracy['tokens'][0])} held-out assistant tokens; head k predicts the "
+                  f"token k+1 places after the base model's next token.", ""]
+    lines += _table(["head", "top-1", "top-5"], rows)
+    if "estimated_tau" in accuracy:
+        lines += ["", f"Estimated acceptance length of a chain (1 + Σ_k Π_j≤k top-1_j): "
+                      f"**{accuracy['estimated_tau']:.2f}** tokens per step."]
+    return lines
+
+
+def _tree_section(tree: list | None) -> list[str]:
+    if not tree:
+        return ["No tree was chosen for these heads; the decoder uses its default tree."]
+    return [f"A static tree of {len(tree)} candidates plus the root, chosen by `scripts/build_tree.py` from "
+            f"measured path frequencies and the verify cost on the training machine. Each path lists the "
+            f"rank taken from heads 1, 2, ...:", "", "```json", json.dumps(tree), "```"]
+
+
+def _bench_section(results: dict | None) -> list[str]:
+    if not results or not results.get("methods"):
+        return ["No benchmark results were found for these heads."]
+    rows = []
+    for method, result in results["methods"].items():
+        overall = result["overall"]
+        match = overall.get("greedy_match")
+        rows.append([method, f"{overall['tau']:.2f}", f"{overall['tokens_per_s']:.1f}",
+                     f"{overall['speedup']:.2f}x", "–" if match is None else f"{match:.2f}"])
+    context = (f"`scripts/bench.py` on {results.get('questions', '?')} questions, base "
+               f"{results.get('model', '?')} ({results.get('dtype', '?')}), temperature "
+               f"{results.get('temperature', '?')}, at most {results.get('max_new_tokens', '?')} new tokens; "
+               f"{results.get('machine', 'unknown machine')}, {results.get('date', 'undated')}. τ is the mean "
+               f"number of tokens per base forward pass; speedup is tokens/s relative to HF greedy `generate`; "
+               f"greedy match is the fraction of answers identical, token for token, to HF greedy's.")
+    return [context, "", *_table(["method", "τ", "tokens/s", "speedup", "greedy match"], rows)]
+
+
+def _training_section(train_config: dict | None) -> list[str]:
+    if not train_config:
+        return ["The training configuration was not found next to these heads."]
+    rows = [[f"`{section}.{key}`", f"`{json.dumps(value)}`"]
+            for section, values in train_config.items() if isinstance(values, dict) and section != "data"
+            for key, value in values.items()]
+    return ["Trained with `train/medusa.py` (Medusa-1: frozen base, loss Σ_k 0.8^k · CE over assistant tokens):",
+            "", *_table(["setting", "value"], rows)]
+
+
+def _data_section(train_config: dict | None) -> list[str]:
+    data = (train_config or {}).get("data")
+    if not data:
+        return ["The training data were not recorded with these heads."]
+    return [f"Dataset `{data.get('dataset')}` rendered with the base model's chat template; only assistant "
+            f"tokens carry loss. Sequences cut at {data.get('max_length')} tokens; "
+            f"{data.get('max_train_conversations') or 'all'} training conversations; a seeded held-out split "
+            f"of {data.get('heldout_size')} conversations (seed {data.get('split_seed')}) for evaluation."]
+
+
+def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_config: str | Path | None = None,
+                      bench_results: str | Path | None = None) -> str:
+    """README.md text for the heads in `heads_dir` (files found next to them unless given)."""
+    heads_dir = Path(heads_dir)
+    config, extra = MedusaHeads.read_config(heads_dir)
+    train = _read_json(Path(train_config) if train_config else heads_dir.parent / "train_config.json")
+    bench = _read_json(Path(bench_results) if bench_results else find_bench_results(heads_dir))
+    base_id = hub_base_model(config.base_model_name_or_path)
+    base_name = base_id or config.base_model_name_or_path or "an unnamed base model"
+    repo = repo_id or "<repo-id>"
+    layers = f"{config.num_layers} residual block{'s' if config.num_layers != 1 else ''}"
+    projection = ("its own projection to the vocabulary" if config.own_lm_head
+                  else "the base model's lm_head (shared, frozen)")
+
+    front = ["---", "library_name: specheads"]
+    if base_id:
+        front.append(f"base_model: {base_id}")
+    front += ["tags:", "- specheads", "- medusa", "- speculative-decoding", "---", ""]
+    lines = front + [
+        f"# Medusa heads for {base_name}",
+        "",
+        f"{config.num_heads} Medusa draft heads for speculative decoding with "
+        f"specheads: each head is {layers} `x + SiLU(Wx + b)` on the base model's last "
+        f"hidden state followed by {projection}. The heads guess the {config.num_heads} tokens after the "
+        f"base model's own next token; the base model checks the guesses in one forward pass and keeps only "
+        f"the tokens it would have chosen itself (greedy, or lossless rejection sampling).",
+        "",
+        "## Base model",
+        "",
+        f"`{config.base_model_name_or_path}`" + (f" (Hugging Face: `{base_id}`)" if base_id and base_id !=
+                                                  config.base_model_name_or_path else "")
+        + f"; hidden size {config.hidden_size}, vocabulary {config.vocab_size}.",
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "from huggingface_hub import snapshot_download",
+        "from specheads.inference.generate import SpeculativeGenerator",
+        "",
+        f"heads = snapshot_download(\"{repo}\")",
+        f"gen = SpeculativeGenerator.from_pretrained(\"{config.base_model_name_or_path}\", heads=heads)",
+        "print(\"\".join(gen.stream(\"Explain KV caches briefly.\", max_new_tokens=128)))",
+        "```",
+        "",
+        "For vLLM: `python scripts/export.py --format vllm-medusa --heads HEADS --out DRAFT` writes a Medusa draft "
+        "folder (vLLM drafts a chain: top-1 per head).",
+        "",
+        "## Training",
+        "",
+        *_training_section(train),
+        "",
+        "## Data",
+        "",
+        *_data_section(train),
+        "",
+        "## Held-out accuracy",
+        "",
+        *_accuracy_section(extra.get("heldout_accuracy")),
+        "",
+        "## Tree",
+        "",
+        *_tree_section(extra.get("tree")),
+        "",
+        "## Measured speed",
+        "",
+        *_bench_section(bench),
+        "",
+    ]
+    return "\n".join(lines)

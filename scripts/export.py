@@ -1,0 +1,37 @@
+"""Convert trained heads into the format another serving tool loads.
+
+    python scripts/export.py --format vllm-medusa --heads runs/smollm2-135m-medusa1/heads --out exports/vllm-medusa
+    python scripts/export.py --format specheads --heads medusa-vicuna-7b-v1.3 --out heads/vicuna   # import
+
+Formats (specheads.heads.export.FORMATS): vllm-medusa (config.json + model.safetensors as vLLM's Medusa draft
+model reads them; heads that share the base lm_head need it, taken from --model, default the base named in
+the heads' config), specheads (any folder MedusaHeads reads, e.g. FasterDecoding/Medusa v0.1 or vLLM Medusa,
+into specheads' own format), and the EAGLE formats vllm-eagle, sglang-eagle, vllm-eagle3, sglang-eagle3.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from specheads.heads.export import FORMATS, export
+from specheads.heads.weights import UnsafeWeightsError
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--format", required=True, choices=sorted(FORMATS))
+    parser.add_argument("--heads", required=True, help="heads folder to convert")
+    parser.add_argument("--out", required=True, help="output folder (created; must be empty unless --overwrite)")
+    parser.add_argument("--model", default=None, help="base model (Hub id, folder or built-in name) where the "
+                                                      "format needs its weights; default: the heads' base")
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    args = parser.parse_args(argv)
+    try:
+        out = export(args.format, args.heads, args.out, model=args.model, overwrite=args.overwrite)
+    except (NotImplementedError, FileNotFoundError, FileExistsError, UnsafeWeightsError, ValueError) as err:
+        raise SystemExit(f"export.py: {err}") from err
+    print(f"wrote {args.format} to {out}")
+
+
+if __name__ == "__main__":
+    main()
