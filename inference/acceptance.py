@@ -8,6 +8,7 @@ root-to-node path, root included) plus the bonus token drawn from the last accep
 - typical:  Medusa's typical acceptance, p(x) > min(ε, δ·exp(−H(p))); fast, not lossless.
 - lossless: SpecInfer/EAGLE-style recursive rejection over deterministic (top-k) children:
             the output distribution equals the base model's sampling distribution.
+- speculative: Leviathan et al.'s min(1, p/q) rule for a chain sampled from a draft distribution q.
 """
 
 from __future__ import annotations
@@ -92,3 +93,28 @@ def lossless_accept(tokens: torch.Tensor, probs: torch.Tensor, children: list[li
         if not moved:
             bonus = int(torch.multinomial(p / p.sum(), 1, generator=generator))
             return torch.tensor(accepted, device=tokens.device), bonus
+
+
+def speculative_accept(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                       generator: torch.Generator | None = None):
+    """Leviathan et al.'s rule for a chain drawn from a draft q: returns (accepted count, bonus token).
+
+    draft_tokens [γ] were sampled from draft_probs [γ, V]; target_probs [γ+1, V] is p at each
+    chain position (row i scores the token after i accepted drafts). Token i is kept with
+    probability min(1, p(x)/q(x)); at the first rejection the bonus comes from norm(max(0, p − q)),
+    and after γ acceptances from p at position γ+1. `lossless_accept` is this rule only when q is a
+    point mass (p − q then zeroes p(x)); with a sampled draft it is still exact but accepts less
+    (p(x) instead of min(1, p(x)/q(x))).
+    """
+    tokens = draft_tokens.tolist()
+    for i, token in enumerate(tokens):
+        p, q = target_probs[i].double(), draft_probs[i].double()
+        u = torch.rand((), generator=generator, dtype=torch.float64, device=p.device)
+        if u * q[token] < p[token]:  # u < p/q without dividing by a zero q
+            continue
+        residual = (p - q).clamp(min=0)
+        total = residual.sum()
+        residual = residual / total if total > 0 else p  # p == q never rejects; guard rounding only
+        return i, int(torch.multinomial(residual, 1, generator=generator))
+    p = target_probs[len(tokens)].double()
+    return len(tokens), int(torch.multinomial(p / p.sum(), 1, generator=generator))

@@ -154,9 +154,16 @@ class TreeDecoder:
         input_ids = input_ids.to(self.model.device)
         cache = DynamicCache(config=self.model.config)
         prepare_cache_for_rollback(cache)
+        if hasattr(self.candidates, "begin"):  # sources with per-generation state or their own sampling
+            self.candidates.begin(sampling, warpers, generator)
 
         # Prefill: the prompt's last position gives the first token and the heads' first guesses.
         length = input_ids.shape[1]
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None:  # every token fed must sit at a position < limit; the last one is never fed
+            if length > limit:
+                raise ValueError(f"the prompt has {length} tokens, more than the model's {limit} positions")
+            max_new_tokens = min(max_new_tokens, limit - length + 1)
         positions = torch.arange(length, device=input_ids.device)[None]
         logits, hidden = self._forward(input_ids, positions, None, cache, **self._last_logits_only)
         if rule == "greedy":
@@ -196,8 +203,11 @@ class TreeDecoder:
                 probs = self._probs(logits, warpers)
                 accepted = typical_accept(tokens, probs, buffers, sampling.typical_epsilon, sampling.typical_delta)
                 bonus = int(torch.multinomial(probs[accepted[-1]], 1, generator=generator))
-            else:
-                accepted, bonus = lossless_accept(tokens, self._probs(logits, warpers), children, generator)
+            else:  # a source whose drafts are sampled (not point masses) brings its own exact rule
+                accept = getattr(self.candidates, "lossless_accept", lossless_accept)
+                accepted, bonus = accept(tokens, self._probs(logits, warpers), children, generator)
+            if hasattr(self.candidates, "observe"):  # sources that learn from the verify forward
+                self.candidates.observe(logits, accepted)
             keep_accepted_path(cache, buffers.num_nodes, accepted)
             length += len(accepted)
             last_hidden = hidden[accepted[-1]]

@@ -157,3 +157,35 @@ def tree_from_path_frequencies(frequencies: dict[tuple[int, ...], float], num_no
     depth = max((len(p) for p in tree), default=0)
     top_k = max((max(p) for p in tree), default=0) + 1
     return validate_tree(tree, max(depth, 1), top_k)
+
+
+def buffers_from_parents(parents: list[int]) -> TreeBuffers:
+    """Buffers of a per-step tree given as parent pointers (parents[0] = -1, parents[i] < i).
+
+    For trees that change every step (lookahead windows, n-gram tries): O(nodes × depth), no
+    sorting or validation of rank paths. Node order is kept as given; a node's rank path records
+    its order among its siblings, and candidate_index is the identity (tokens come per node).
+    """
+    n = len(parents)
+    if n == 0 or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents[1:], start=1)):
+        raise TreeError("parents must start with -1 (the root) and point to earlier nodes")
+    paths: list[tuple[int, ...]] = [()]
+    child_count = [0] * n
+    attention_mask = torch.zeros(n, n, dtype=torch.bool)
+    attention_mask[0, 0] = True
+    for i in range(1, n):
+        p = parents[i]
+        paths.append(paths[p] + (child_count[p],))
+        child_count[p] += 1
+        attention_mask[i] = attention_mask[p]
+        attention_mask[i, i] = True
+    depths = torch.tensor([len(path) for path in paths], dtype=torch.long)
+    leaves = [i for i in range(n) if child_count[i] == 0]
+    retrieve = torch.full((len(leaves), int(depths.max()) + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        chain = [leaf]
+        while parents[chain[-1]] >= 0:
+            chain.append(parents[chain[-1]])
+        retrieve[row, : len(chain)] = torch.tensor(chain[::-1])
+    return TreeBuffers(paths[1:], max(max(child_count), 1), attention_mask, depths,
+                       torch.arange(n, dtype=torch.long), retrieve, torch.tensor(parents, dtype=torch.long))
