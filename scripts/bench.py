@@ -7,7 +7,10 @@
 Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt lookup decoding, a peer),
 plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
 medusa (our tree decoder with the heads and their tree), medusa_pld (the heads' tree and a prompt
-lookup chain merged into one tree, verified in one forward).
+lookup chain merged into one tree, verified in one forward). Seed methods: sps (draft-model speculative
+sampling; the draft is the base's first --draft-layers layers + norm + lm_head, weights shared, γ fixed
+or 'auto'), lookahead (Jacobi window W, n-grams N, pool G), hf_assisted (HF `generate` with that same
+self-draft as assistant_model, HF's default assistant schedule), hf_prompt_lookup (= prompt_lookup).
 Questions are JSONL {question_id, category, turns}; each turn is answered in order, the method's own
 answers fed back. τ = new tokens / base forwards (counted with a forward hook, for every method).
 Writes OUT/results.json, OUT/results.md and OUT/results.png.
@@ -31,8 +34,11 @@ from specheads.heads import MedusaHeads
 from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
+from specheads.inference.lookahead import LookaheadCandidates
+from specheads.inference.speculative import DraftModelCandidates, self_draft
 
-METHODS = ("baseline", "prompt_lookup", "plain", "pld", "medusa", "medusa_pld")
+METHODS = ("baseline", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
+           "medusa", "medusa_pld")
 
 
 def parse_args(argv=None):
@@ -46,6 +52,12 @@ def parse_args(argv=None):
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--pld-tokens", type=int, default=10, help="prompt-lookup draft length (pld, medusa_pld)")
+    parser.add_argument("--draft-layers", type=int, default=None,
+                        help="layers of the self-speculative draft (sps, hf_assisted); default: a quarter of the base's")
+    parser.add_argument("--gamma", default="auto", help="sps draft length: an int or 'auto' (from measured α and cost)")
+    parser.add_argument("--lookahead-window", type=int, default=5, help="lookahead W")
+    parser.add_argument("--lookahead-ngram", type=int, default=4, help="lookahead N")
+    parser.add_argument("--lookahead-pool", type=int, default=5, help="lookahead G (n-grams verified per step)")
     parser.add_argument("--max-questions", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seed", type=int, default=0)
@@ -84,7 +96,14 @@ class Runner:
         self.eos = eos_token_ids(model, tokenizer)
         self.counter = ForwardCounter(model)
         self.decoders = {"plain": TreeDecoder(model),
-                         "pld": TreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens))}
+                         "pld": TreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens)),
+                         "lookahead": TreeDecoder(model, candidates=LookaheadCandidates(
+                             args.lookahead_window, args.lookahead_ngram, args.lookahead_pool, model.device))}
+        layers = model.config.num_hidden_layers
+        # Shares the base's modules but not its forward hook, so draft forwards are not counted in τ.
+        self.draft = self_draft(model, args.draft_layers or max(1, layers // 4))
+        gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
+        self.decoders["sps"] = TreeDecoder(model, candidates=DraftModelCandidates(self.draft, gamma, device=model.device))
         if heads is not None:
             medusa = TreeDecoder(model, heads, json.loads(args.tree) if args.tree else None)
             self.decoders["medusa"] = medusa
@@ -109,8 +128,10 @@ class Runner:
             kwargs.update(do_sample=True, temperature=self.args.temperature, top_p=self.args.top_p)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if method == "prompt_lookup":
+        if method in ("prompt_lookup", "hf_prompt_lookup"):
             kwargs["prompt_lookup_num_tokens"] = 10
+        elif method == "hf_assisted":
+            kwargs["assistant_model"] = self.draft
         with torch.inference_mode():
             out = self.model.generate(input_ids, **kwargs)
         return out[0, input_ids.shape[1]:].tolist(), {"accepted": []}
