@@ -229,13 +229,18 @@ def test_self_draft_shares_weights_and_is_not_counted_as_a_base_forward():
 EDGE_SOURCES = ["sps", "lookahead", "pld"]
 
 
-@pytest.mark.parametrize("method", EDGE_SOURCES)
-def test_eos_inside_a_drafted_block_stops_like_hf(method):
+def decode_unstopped(method, seed):
+    """A tiny llama, a decoder with the method's source, a prompt and its 30 greedy tokens without EOS."""
     model = tiny_model("llama")
     decoder = TreeDecoder(model, candidates=SOURCES[method](model))
-    torch.manual_seed(401)
+    torch.manual_seed(seed)
     prompt = torch.randint(3, VOCAB, (1, 8))
-    full = decoder.generate_ids(prompt, 30)
+    return model, decoder, prompt, decoder.generate_ids(prompt, 30)
+
+
+@pytest.mark.parametrize("method", EDGE_SOURCES)
+def test_eos_inside_a_drafted_block_stops_like_hf(method):
+    model, decoder, prompt, full = decode_unstopped(method, 401)
     assert max(decoder.stats.accepted_lengths) > 1
     for stop_at in range(1, 12):  # every position, so some EOS land inside accepted drafts
         eos = full[stop_at]
@@ -245,11 +250,7 @@ def test_eos_inside_a_drafted_block_stops_like_hf(method):
 
 @pytest.mark.parametrize("method", EDGE_SOURCES)
 def test_max_new_tokens_inside_an_accepted_block(method):
-    model = tiny_model("llama")
-    decoder = TreeDecoder(model, candidates=SOURCES[method](model))
-    torch.manual_seed(402)
-    prompt = torch.randint(3, VOCAB, (1, 8))
-    full = decoder.generate_ids(prompt, 30)
+    _, decoder, prompt, full = decode_unstopped(method, 402)
     for n in (1, 2, 3, 5, 8, 13):
         assert decoder.generate_ids(prompt, n) == full[:n]
 
