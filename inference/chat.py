@@ -1,6 +1,7 @@
-"""Chat with a model in the terminal, decoding with Medusa heads (or plainly with --no-heads).
+"""Chat with a model in the terminal, decoding with draft heads (or plainly with --no-heads).
 
     python inference/chat.py --model smollm2-135m-instruct --heads runs/smollm2-135m-medusa1/heads
+    python inference/chat.py --heads runs/smollm2-135m-eagle3/heads      # EAGLE drafts: EAGLE-2 dynamic tree
     python inference/chat.py --model smollm2-135m-instruct --no-heads --prompt "Hello!"
 
 Commands: /reset clears the conversation, /quit (or Ctrl-D, Ctrl-C) leaves. After each answer
@@ -22,9 +23,13 @@ DEFAULT_HEADS = "runs/smollm2-135m-medusa1/heads"
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF id or local path")
-    parser.add_argument("--heads", default=None, help=f"Medusa heads folder (default {DEFAULT_HEADS} if present)")
+    parser.add_argument("--heads", default=None,
+                        help=f"Medusa heads or EAGLE draft folder (default {DEFAULT_HEADS} if present)")
     parser.add_argument("--no-heads", action="store_true", help="plain decoding, one token per forward")
     parser.add_argument("--tree", default=None, help="JSON list of rank paths; default: the tree stored with the heads")
+    parser.add_argument("--tree-top-k", type=int, default=None, help="EAGLE: children kept per expanded node")
+    parser.add_argument("--tree-depth", type=int, default=None, help="EAGLE: draft steps per tree")
+    parser.add_argument("--tree-tokens", type=int, default=None, help="EAGLE: tree nodes verified per step")
     parser.add_argument("--dtype", default="auto", help="auto | bf16 | fp32")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -46,7 +51,13 @@ def load_generator(args) -> SpeculativeGenerator:
         if heads is None:
             raise SystemExit(f"no heads: pass --heads DIR (e.g. after `make demo`: {DEFAULT_HEADS}) or --no-heads")
     tree = json.loads(args.tree) if args.tree else None
-    return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree)
+    return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree, eagle_tree=eagle_tree_settings(args))
+
+
+def eagle_tree_settings(args) -> dict:
+    """The EAGLE-2 tree options given on the command line (the rest come from the draft or defaults)."""
+    given = {"top_k": args.tree_top_k, "depth": args.tree_depth, "total_tokens": args.tree_tokens}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def answer(generator, messages, args, out) -> str:

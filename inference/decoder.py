@@ -113,7 +113,16 @@ class TreeDecoder:
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                          use_cache=True, output_hidden_states=True, **{self._cache_argument: cache}, **kwargs)
         self.stats.base_forwards += 1
+        # Feature-level drafts (EAGLE) read hidden states of chosen layers at the accepted positions.
+        self._features = [out.hidden_states[i][0] for i in getattr(self.candidates, "feature_layers", ())]
         return out.logits[0], out.hidden_states[-1][0]
+
+    def _commit(self, next_tokens: list[int], positions) -> None:
+        """Hand a feature-level draft the accepted tokens and the base's states where they were read."""
+        if hasattr(self.candidates, "commit"):
+            start = time.perf_counter()
+            self.candidates.commit(next_tokens, [states[positions] for states in self._features])
+            self.stats.draft_seconds += time.perf_counter() - start  # drafting work, though it runs after verify
 
     def _tree_parts(self, buffers: TreeBuffers):
         """Additive tree mask and children lists, kept on the buffers so a static tree builds them once
@@ -171,6 +180,8 @@ class TreeDecoder:
         else:
             root = int(torch.multinomial(self._probs(logits[-1:], warpers)[0], 1, generator=generator))
         last_hidden = hidden[-1]
+        self._commit(input_ids[0, 1:].tolist() + [root], slice(None))
+        stats.draft_seconds = 0.0  # per-step figures count tree steps only
         context = input_ids[0].tolist()  # everything in the cache, for sources that look back
         produced = 0
         pending = [root]
@@ -213,6 +224,7 @@ class TreeDecoder:
             last_hidden = hidden[accepted[-1]]
             context.append(root)
             pending = tokens[accepted[1:]].tolist() + [bonus]
+            self._commit(pending, accepted)
             context.extend(pending[:-1])
             root = bonus
             stats.accepted_lengths.append(len(pending))

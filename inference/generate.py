@@ -8,14 +8,40 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from specheads.data.models import load_base_model, load_tokenizer
-from specheads.heads import MedusaHeads
+from specheads.heads import EagleDraft, MedusaHeads
+from specheads.heads.eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
 
 from .decoder import DecodeStats, SamplingConfig, TreeDecoder
+from .eagle import EagleCandidates
+
+
+def load_draft_heads(directory, base_model):
+    """Medusa heads or an EAGLE draft, whichever the folder's config.json says it holds."""
+    config_path = Path(directory) / "config.json"
+    try:
+        model_type = json.loads(config_path.read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read draft heads config {config_path}: {err}") from err
+    if model_type == EAGLE_MODEL_TYPE:
+        return EagleDraft.from_pretrained(directory, base_model=base_model)
+    return MedusaHeads.from_pretrained(directory, base_model=base_model)
+
+
+def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None) -> TreeDecoder:
+    """The decoder for these heads: Medusa with a static tree, EAGLE with an EAGLE-2 dynamic tree.
+
+    eagle_tree: top_k / depth / total_tokens; default the settings stored with the draft, else EAGLE-2's shape."""
+    if isinstance(heads, EagleDraft):
+        settings = {**(getattr(heads, "extra_config", {}) or {}).get("eagle_tree", {}), **(eagle_tree or {})}
+        return TreeDecoder(model, candidates=EagleCandidates(heads, model, **settings))
+    return TreeDecoder(model, heads, tree)
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -73,20 +99,21 @@ def stream_text(token_chunks: Iterator[list[int]], tokenizer, stop_strings=()) -
 
 
 class SpeculativeGenerator:
-    """A base model, its tokenizer and (optionally) Medusa heads with their tree."""
+    """A base model, its tokenizer and (optionally) draft heads: Medusa with their tree, or EAGLE."""
 
-    def __init__(self, model, tokenizer, heads: MedusaHeads | None = None, tree=None):
+    def __init__(self, model, tokenizer, heads=None, tree=None, eagle_tree: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
-        self.decoder = TreeDecoder(model, heads, tree)
+        self.decoder = make_decoder(model, heads, tree, eagle_tree)
         self.eos = eos_token_ids(model, tokenizer)
 
     @classmethod
     def from_pretrained(cls, model: str = "smollm2-135m-instruct", heads: str | None = None,
-                        dtype: str = "auto", tree=None, device: str = "cpu") -> "SpeculativeGenerator":
+                        dtype: str = "auto", tree=None, device: str = "cpu",
+                        eagle_tree: dict | None = None) -> "SpeculativeGenerator":
         base = load_base_model(model, dtype, device)
-        medusa = MedusaHeads.from_pretrained(heads, base_model=base) if heads else None
-        return cls(base, load_tokenizer(model), medusa, tree)
+        draft = load_draft_heads(heads, base) if heads else None
+        return cls(base, load_tokenizer(model), draft, tree, eagle_tree)
 
     @property
     def stats(self) -> DecodeStats:

@@ -1,0 +1,131 @@
+"""EAGLE-2 dynamic draft trees from an EAGLE draft head, for the same verifier as Medusa.
+
+The draft keeps its own KV cache of *committed* entries: at position t it has read the base's feature
+f_t and the token x_{t+1}. After each verification the decoder commits the accepted tokens with the
+base's features at their positions (`commit`), so the draft always continues from real features.
+Then `propose` grows a tree best-first by cumulative log-probability (EAGLE-2):
+  level 1: the draft's top-k after the last committed entry;
+  level j: run the draft on the current frontier (the k best nodes so far at depth j), attending to the
+           committed entries and each node's own ancestors; every node's top-k children join the pool
+           and the k best children (by cumulative log-probability) become the next frontier;
+  finally keep the best `total_tokens - 1` nodes of the pool. A child never outscores its parent, so
+  the kept nodes always include their ancestors (ties are broken toward shallower nodes).
+Tree entries are cropped from the draft cache before the next commit.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .tree import buffers_from_parents
+
+
+def select_tree_nodes(scores: list[float], depths: list[int], parents: list[int], budget: int) -> list[int]:
+    """Indices (root 0 first, parents before children) of the `budget` best non-root nodes plus the root.
+
+    Ties go to shallower nodes, then earlier ones, so a node never displaces its own ancestor."""
+    order = sorted(range(1, len(scores)), key=lambda i: (-scores[i], depths[i], i))[:budget]
+    chosen = set(order)
+    for i in order:  # defensive: ancestors of every chosen node must be in (they are when scores are monotone)
+        p = parents[i]
+        while p > 0:
+            if p not in chosen:
+                raise AssertionError(f"dynamic tree node {i} was chosen without its ancestor {p}")
+            p = parents[p]
+    return [0] + sorted(order, key=lambda i: (depths[i], i))
+
+
+class EagleCandidates:
+    """EAGLE draft + EAGLE-2 dynamic tree as a candidate source of TreeDecoder."""
+
+    def __init__(self, draft, model, top_k: int = 8, depth: int = 5, total_tokens: int = 32):
+        if top_k < 1 or depth < 1 or total_tokens < 2:
+            raise ValueError("EAGLE trees need top_k >= 1, depth >= 1 and total_tokens >= 2")
+        self.draft = draft.to(device=model.device, dtype=model.dtype).eval()
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.feature_layers = draft.config.feature_layers  # the decoder hands us these hidden states
+        self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
+        self.device, self.dtype = model.device, model.dtype
+        self.begin()
+
+    def begin(self, *unused) -> None:
+        """A new generation: forget the previous one's cache."""
+        self.cache = DynamicCache()
+        self.committed = 0
+        self.last_output = None
+
+    def _drop_tree_entries(self) -> None:
+        extra = self.cache.get_seq_length() - self.committed
+        if extra > 0:
+            self.cache.crop(-extra)
+
+    def _mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """bool [n, keys] -> additive [1, 1, n, keys] in the draft's dtype."""
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill(~visible, torch.finfo(self.dtype).min)[None, None]
+
+    @torch.inference_mode()
+    def commit(self, next_tokens: list[int], states: list[torch.Tensor]) -> None:
+        """Append entries (f_t, x_{t+1}) for the newly accepted positions: states[l] is [n, H] of feature layer l."""
+        self._drop_tree_entries()
+        n = len(next_tokens)
+        features = self.draft.fuse([s[None].to(self.dtype) for s in states])
+        embeddings = self.embed(torch.tensor([next_tokens], device=self.device))
+        positions = torch.arange(self.committed, self.committed + n, device=self.device)[None]
+        visible = torch.ones(n, self.committed + n, dtype=torch.bool, device=self.device)
+        visible[:, self.committed:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        out = self.draft(features, embeddings, positions, self._mask(visible), self.cache)
+        self.committed += n
+        self.last_output = out[0, -1]
+
+    def _top_children(self, outputs: torch.Tensor):
+        """Draft outputs [n, H] -> top-k (log-probabilities, target token ids), each [n, k]."""
+        logits = self.draft.logits(outputs, self.lm_head).float()
+        top = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+        return top.values, self.draft.draft_to_target(top.indices)
+
+    @torch.inference_mode()
+    def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
+        if self.last_output is None:
+            raise RuntimeError("EagleCandidates.propose before commit: the decoder must commit the prompt first")
+        self._drop_tree_entries()
+        tokens, parents, scores, depths = [root], [-1], [0.0], [0]
+        slots = {}  # node -> its entry in the draft cache (nodes the draft has run on)
+        logp, ids = self._top_children(self.last_output[None])
+        frontier = []
+        for lp, tok in zip(logp[0].tolist(), ids[0].tolist()):
+            frontier.append(len(tokens))
+            tokens.append(tok), parents.append(0), scores.append(lp), depths.append(1)
+        frontier_inputs = self.last_output.expand(len(frontier), -1)
+        for level in range(1, self.depth):
+            # Run the draft on the frontier (depth `level`): each node sees the committed entries, its ancestors, itself.
+            first_slot = self.committed + len(slots)
+            keys = first_slot + len(frontier)
+            visible = torch.zeros(len(frontier), keys, dtype=torch.bool)
+            visible[:, : self.committed] = True
+            for row, node in enumerate(frontier):
+                slots[node] = first_slot + row
+                p = node
+                while p > 0:
+                    visible[row, slots[p]] = True
+                    p = parents[p]
+            embeddings = self.embed(torch.tensor([[tokens[i] for i in frontier]], device=self.device))
+            positions = torch.full((1, len(frontier)), self.committed + level - 1, device=self.device)
+            outputs = self.draft(frontier_inputs[None], embeddings, positions,
+                                 self._mask(visible.to(self.device)), self.cache)[0]
+            logp, ids = self._top_children(outputs)
+            child_scores = torch.tensor([scores[i] for i in frontier])[:, None] + logp.cpu()
+            children = []
+            for row, node in enumerate(frontier):
+                for lp, tok in zip(child_scores[row].tolist(), ids[row].tolist()):
+                    children.append((lp, len(tokens), row))
+                    tokens.append(tok), parents.append(node), scores.append(lp), depths.append(level + 1)
+            best = sorted(children, key=lambda c: (-c[0], c[1]))[: self.top_k]
+            frontier = [node for _, node, _ in best]
+            frontier_inputs = outputs[[row for _, _, row in best]]
+        chosen = select_tree_nodes(scores, depths, parents, self.total_tokens - 1)
+        new_index = {node: i for i, node in enumerate(chosen)}
+        buffers = buffers_from_parents([-1] + [new_index[parents[node]] for node in chosen[1:]])
+        return torch.tensor([tokens[node] for node in chosen], device=self.device), buffers.to(self.device)

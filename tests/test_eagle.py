@@ -1,0 +1,253 @@
+"""EAGLE drafts: format round trips, the training-time-test mask, dynamic trees, lossless decoding, training."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import synthetic_sharegpt, write_jsonl
+from test_decoder import VOCAB, chi_square_p_value, hf_greedy, tiny_model
+
+from specheads.heads import EagleConfig, EagleDraft
+from specheads.inference.decoder import SamplingConfig, TreeDecoder
+from specheads.inference.eagle import EagleCandidates, select_tree_nodes
+from specheads.train.losses import soft_cross_entropy, unrolled_step_mask
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def deep_tiny_model(arch: str, **kwargs):
+    """tiny_model with 6 layers, so EAGLE-3 fuses three distinct layers."""
+    model = tiny_model(arch, **kwargs)
+    values = model.config.to_dict()
+    values.pop("layer_types", None)
+    config = type(model.config)(**{**values, "num_hidden_layers": 6})
+    torch.manual_seed(0)
+    deeper = type(model)(config).to(model.dtype).eval()
+    with torch.no_grad():
+        deeper.lm_head.weight.mul_(8.0)
+    return deeper
+
+
+def fitted_draft(model, variant: str, steps: int = 150, **sampling):
+    """A draft trained for a moment on the model's own text (same unrolled loss as train/eagle.py)."""
+    from specheads.train.eagle import base_targets, draft_token_logits, unrolled_draft
+
+    torch.manual_seed(7)
+    prompts = torch.randint(3, VOCAB, (32, 6))
+    with torch.no_grad():
+        text = model.generate(prompts, max_new_tokens=30, do_sample=bool(sampling), pad_token_id=0,
+                              attention_mask=torch.ones_like(prompts), **sampling)
+        states = model.model(text, output_hidden_states=True).hidden_states
+    draft = EagleDraft(EagleConfig.for_base(model.config, "tiny", variant=variant, draft_vocab_size=VOCAB - 8))
+    if variant == "eagle3":
+        draft.set_vocab_mapping(torch.arange(8, VOCAB))  # ids 0..7 never drafted: exercises d2t
+    draft = draft.to(model.dtype)
+    inputs = torch.stack([states[i] for i in draft.config.feature_layers]) if variant == "eagle3" else None
+    batch = {"input_ids": text, "labels": text, "attention_mask": torch.ones_like(text)}
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    for _ in range(steps):
+        outputs, target_features, valid = unrolled_draft(draft, model, batch, inputs, states[-1], 2)
+        probs, _ = base_targets(draft, model, target_features)
+        loss = sum(soft_cross_entropy(draft_token_logits(draft, model, outputs[i][valid[i]]), probs[valid[i]]).mean()
+                   for i in range(2))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return draft.eval()
+
+
+# ---- format --------------------------------------------------------------------------------
+
+def test_eagle3_vocabulary_mapping_round_trip(tmp_path):
+    model = deep_tiny_model("llama", dtype=torch.float32)
+    draft = EagleDraft(EagleConfig.for_base(model.config, "tiny", variant="eagle3", draft_vocab_size=10))
+    target_ids = torch.tensor([40, 3, 7, 11, 12, 30, 31, 45, 46, 2])
+    draft.set_vocab_mapping(target_ids)
+    assert draft.draft_to_target(torch.arange(10)).tolist() == sorted(target_ids.tolist())
+    draft.save_pretrained(tmp_path / "d", extra={"note": 1})
+    assert not [p.name for p in (tmp_path / "d").iterdir() if p.name not in ("config.json", "model.safetensors")]
+    loaded = EagleDraft.from_pretrained(tmp_path / "d", base_model=model)
+    assert torch.equal(loaded.d2t, draft.d2t) and torch.equal(loaded.t2d, draft.t2d)
+    assert loaded.t2d.sum() == 10 and loaded.t2d[target_ids].all()
+    assert loaded.extra_config == {"note": 1}
+    x = torch.randn(1, 4, 32)
+    positions = torch.arange(4)[None]
+    assert torch.equal(loaded(x, x, positions), draft(x, x, positions))
+    with pytest.raises(ValueError, match="distinct"):
+        draft.set_vocab_mapping(torch.tensor([1] * 10))
+
+
+def test_draft_layer_is_the_base_architecture_and_loading_checks(tmp_path):
+    model = deep_tiny_model("qwen2", dtype=torch.float32)
+    draft = EagleDraft(EagleConfig.for_base(model.config, "tiny", variant="eagle1"))
+    assert type(draft.layers[0]).__name__ == "Qwen2DecoderLayer"
+    assert "fc.weight" in draft.state_dict() and draft.fc.weight.shape == (32, 64)
+    assert not any("input_layernorm" in k for k in draft.state_dict())  # EAGLE-1: no input norm
+    draft.save_pretrained(tmp_path / "d")
+    other = tiny_model("llama", dtype=torch.float32)
+    other.config.hidden_size = 16
+    with pytest.raises(ValueError, match="hidden_size"):
+        EagleDraft.from_pretrained(tmp_path / "d", base_model=other)
+    weights = tmp_path / "d" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match="model.safetensors"):
+        EagleDraft.from_pretrained(tmp_path / "d")
+
+
+def test_unrolled_step_mask_by_hand():
+    allowed = unrolled_step_mask(4, 0) == 0
+    assert torch.equal(allowed, torch.ones(4, 4).tril().bool())
+    allowed = unrolled_step_mask(4, 2) == 0  # keys: step 0 (4), step 1 (4), step 2 (4)
+    # query t=3 of step 2 started at s=1: step-0 keys 0..1, step-1 key at 2, step-2 key at 3
+    assert allowed[3].nonzero().flatten().tolist() == [0, 1, 4 + 2, 8 + 3]
+    # t=0 < step: nothing real to see, only itself (no fully masked rows)
+    assert allowed[0].nonzero().flatten().tolist() == [8]
+
+
+# ---- dynamic trees -------------------------------------------------------------------------
+
+def test_tree_selection_keeps_ancestors_and_refuses_orphans():
+    parents = [-1, 0, 0, 1, 1, 3]
+    depths = [0, 1, 1, 2, 2, 3]
+    scores = [0.0, -0.1, -0.5, -0.2, -0.9, -0.3]
+    assert select_tree_nodes(scores, depths, parents, 3) == [0, 1, 3, 5]
+    assert select_tree_nodes(scores, depths, parents, 4) == [0, 1, 2, 3, 5]
+    tie = [0.0, 0.0, -1.0, 0.0, -2.0, 0.0]  # a child may tie its parent (p = 1): shallower first
+    assert select_tree_nodes(tie, depths, parents, 2) == [0, 1, 3]
+    with pytest.raises(AssertionError, match="ancestor"):
+        select_tree_nodes([0.0, -0.9, -0.5, -0.2, -0.9, -0.3], depths, parents, 2)
+
+
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_dynamic_tree_contains_the_ancestors_of_every_node(variant):
+    model = deep_tiny_model("llama")
+    source = EagleCandidates(fitted_draft(model, variant, steps=20), model, top_k=3, depth=4, total_tokens=14)
+    decoder = TreeDecoder(model, candidates=source)
+    seen = []
+    original = source.propose
+
+    def recording(*args):
+        tokens, buffers = original(*args)
+        seen.append(buffers)
+        return tokens, buffers
+
+    source.propose = recording
+    decoder.generate_ids(torch.randint(3, VOCAB, (1, 7)), 20)
+    assert seen and all(b.num_nodes == 14 for b in seen)
+    for buffers in seen:
+        parent = buffers.parent.tolist()
+        for node in range(1, buffers.num_nodes):
+            chain, p = {node}, parent[node]
+            while p != -1:
+                assert 0 <= p < node
+                chain.add(p)
+                p = parent[p]
+            assert 0 in chain
+            # the verify mask lets a node see exactly itself and its ancestors
+            assert set(buffers.attention_mask[node].nonzero().flatten().tolist()) == chain
+        assert int(buffers.depths.max()) <= 4
+
+
+# ---- lossless decoding -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,variant", [("llama", "eagle1"), ("qwen2", "eagle1"), ("llama", "eagle3"),
+                                          ("qwen2", "eagle3")])
+def test_eagle_greedy_equals_hf_generate_fp64(arch, variant):
+    model = deep_tiny_model(arch)
+    decoder = TreeDecoder(model, candidates=EagleCandidates(fitted_draft(model, variant), model,
+                                                             top_k=4, depth=4, total_tokens=16))
+    steps = tokens = 0
+    for case in range(5):
+        torch.manual_seed(300 + case)
+        prompt = torch.randint(3, VOCAB, (1, 5 + 3 * case))
+        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
+        steps += len(decoder.stats.accepted_lengths)
+        tokens += sum(decoder.stats.accepted_lengths)
+    assert tokens > 1.5 * steps, "drafted tokens must get accepted for the test to mean anything"
+
+
+def test_eagle_sampling_matches_base_distribution():
+    """First two sampled tokens with an EAGLE-2 tree vs the exact joint distribution of the base."""
+    model = deep_tiny_model("llama")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0 / 8.0 * 3.0)
+    draft = fitted_draft(model, "eagle1", temperature=0.8, top_p=0.9)
+    decoder = TreeDecoder(model, candidates=EagleCandidates(draft, model, top_k=4, depth=2, total_tokens=10))
+    prompt = torch.tensor([[5, 9, 11, 3]])
+    sampling = SamplingConfig(temperature=0.8, top_p=0.9, seed=0)
+    warpers = sampling.warpers()
+    with torch.no_grad():
+        first = torch.softmax(warpers(None, model(prompt).logits[0, -1:].float()), -1)[0]
+        joint = torch.zeros(VOCAB, VOCAB)
+        for a in torch.nonzero(first > 0).flatten().tolist():
+            seq = torch.cat([prompt, torch.tensor([[a]])], dim=1)
+            joint[a] = first[a] * torch.softmax(warpers(None, model(seq).logits[0, -1:].float()), -1)[0]
+    n, drafted = 1200, 0
+    counts = torch.zeros(VOCAB * VOCAB)
+    for i in range(n):
+        sampling.seed = i
+        ids = decoder.generate_ids(prompt, 2, sampling)
+        counts[ids[0] * VOCAB + ids[1]] += 1
+        drafted += decoder.stats.accepted_lengths[0] > 1
+    assert drafted > 0.2 * n, "the draft must get accepted for the test to mean anything"
+    expected = joint.flatten().double()
+    assert (expected * n >= 5).sum() >= 8, "the distribution must have enough outcomes to test"
+    assert chi_square_p_value(counts, expected, n) > 1e-3
+
+
+# ---- training ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_train_eagle_end_to_end_with_feature_cache(tmp_path, tiny_llama_dir, variant):
+    data = tmp_path / "conversations.jsonl"
+    write_jsonl(data, synthetic_sharegpt(24))
+    config = tmp_path / "eagle.yaml"
+    config.write_text(json.dumps({
+        "model": {"name": str(tiny_llama_dir), "dtype": "fp32"},
+        "data": {"dataset": str(data), "max_length": 64, "heldout_size": 4},
+        "eagle": {"variant": variant, "draft_vocab_size": 500, "aux_layer_ids": [0, 1, 1], "ttt_steps": 2,
+                  "eval_steps": 3, "cache_dir": str(tmp_path / "cache"),
+                  **({"feature_loss_weight": 1.0, "token_loss_weight": 0.1, "input_noise": 0.1}
+                     if variant == "eagle1" else {})},
+        "train": {"output_dir": str(tmp_path / "run"), "epochs": 2, "batch_size": 4, "lr": 1e-2,
+                  "mixed_precision": "no", "save_every": 3},
+    }))
+    result = subprocess.run([sys.executable, str(REPO / "train" / "eagle.py"), "--config", str(config)],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "held-out accuracy" in result.stdout
+    evaluation = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert len(evaluation["top1"]) == 3
+    draft = EagleDraft.from_pretrained(tmp_path / "run" / "heads")
+    assert draft.config.variant == variant
+    caches = {p.name.split("-")[0]: len(list(p.glob("*.safetensors"))) for p in (tmp_path / "cache").iterdir()}
+    assert caches == {"train": 20, "heldout": 4}  # one file per example, computed once, reused in epoch 2
+
+
+def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
+    from specheads.data.models import load_base_model, load_tokenizer
+    from specheads.data.tokenization import pad_batch, tokenize_conversation
+    from specheads.data.sharegpt import normalise
+    from specheads.train.config import load_config
+    from specheads.train.eagle import EagleTrainConfig, FeatureSource
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model: {{name: {tiny_llama_dir}, dtype: fp32}}\neagle: {{cache_dir: {tmp_path / 'cache'}}}\n")
+    cfg = load_config(EagleTrainConfig, config)
+    base = load_base_model(cfg.model.name, "fp32")
+    tokenizer = load_tokenizer(cfg.model.name)
+    examples = [tokenize_conversation(tokenizer, normalise(r, i).messages, 64) for i, r in enumerate(synthetic_sharegpt(3))]
+    batch = pad_batch(examples, tokenizer.pad_token_id)
+    cached = FeatureSource(base, cfg, [0, 1], "train")
+    first = cached(batch, [0, 1, 2])  # computes and writes
+    again = cached(batch, [0, 1, 2])  # reads back (bf16 on disk)
+    lengths = batch["attention_mask"].sum(1)
+    for row, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(again[1][row, :n], first[1][row, :n], atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(again[0][:, row, :n], first[0][:, row, :n], atol=2e-2, rtol=2e-2)
+    cfg.data.max_length = 99  # other data settings -> another cache folder, never the stale one
+    assert FeatureSource(base, cfg, [0, 1], "train").directory != cached.directory
