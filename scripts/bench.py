@@ -7,7 +7,8 @@
 Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt lookup decoding, a peer),
 plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
 medusa (our tree decoder with the heads and their tree), medusa_pld (the heads' tree and a prompt
-lookup chain merged into one tree, verified in one forward). Seed methods: sps (draft-model speculative
+lookup chain merged into one tree, verified in one forward), eagle2 / eagle3 (an EAGLE-1 / EAGLE-3 draft
+from --eagle-heads with an EAGLE-2 dynamic tree of --eagle-tokens nodes). Seed methods: sps (draft-model speculative
 sampling; the draft is the base's first --draft-layers layers + norm + lm_head, weights shared, γ fixed
 or 'auto'), lookahead (Jacobi window W, n-grams N, pool G), hf_assisted (HF `generate` with that same
 self-draft as assistant_model, HF's default assistant schedule), hf_prompt_lookup (= prompt_lookup).
@@ -33,12 +34,13 @@ from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
 from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
-from specheads.inference.generate import chat_input_ids, eos_token_ids
+from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads, make_decoder
 from specheads.inference.lookahead import LookaheadCandidates
 from specheads.inference.speculative import DraftModelCandidates, self_draft
 
 METHODS = ("baseline", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
-           "medusa", "medusa_pld")
+           "medusa", "medusa_pld", "eagle2", "eagle3")
+EAGLE_METHODS = {"eagle2": "eagle1", "eagle3": "eagle3"}  # bench method -> the draft variant it decodes with
 
 
 def parse_args(argv=None):
@@ -46,6 +48,11 @@ def parse_args(argv=None):
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--heads", default=None)
     parser.add_argument("--tree", default=None, help="JSON rank paths; default: the heads' stored tree")
+    parser.add_argument("--eagle-heads", default=None,
+                        help="EAGLE draft folder(s), comma-separated: an EAGLE-1 draft for eagle2, an EAGLE-3 one for eagle3")
+    parser.add_argument("--eagle-top-k", type=int, default=None, help="EAGLE-2 tree: children per expanded node")
+    parser.add_argument("--eagle-depth", type=int, default=None, help="EAGLE-2 tree: draft steps")
+    parser.add_argument("--eagle-tokens", type=int, default=None, help="EAGLE-2 tree: nodes verified per step")
     parser.add_argument("--questions", default="data/questions/sharegpt-dev.jsonl")
     parser.add_argument("--methods", default="baseline,prompt_lookup,medusa")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -91,7 +98,7 @@ class ForwardCounter:
 
 
 class Runner:
-    def __init__(self, args, model, tokenizer, heads):
+    def __init__(self, args, model, tokenizer, heads, eagle_drafts=None):
         self.args, self.model, self.tokenizer = args, model, tokenizer
         self.eos = eos_token_ids(model, tokenizer)
         self.counter = ForwardCounter(model)
@@ -109,6 +116,10 @@ class Runner:
             self.decoders["medusa"] = medusa
             lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
             self.decoders["medusa_pld"] = TreeDecoder(model, candidates=MergedCandidates(medusa.candidates, lookup))
+        eagle_tree = {k: v for k, v in {"top_k": args.eagle_top_k, "depth": args.eagle_depth,
+                                        "total_tokens": args.eagle_tokens}.items() if v is not None}
+        for method, draft in (eagle_drafts or {}).items():
+            self.decoders[method] = make_decoder(model, draft, eagle_tree=eagle_tree)
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
     def generate(self, method: str, input_ids: torch.Tensor, seed: int) -> tuple[list[int], dict]:
@@ -238,6 +249,26 @@ def write_plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def load_eagle_drafts(args, methods, model) -> dict:
+    """{bench method: EAGLE draft} for the eagle methods asked for, from --eagle-heads."""
+    wanted = [m for m in methods if m in EAGLE_METHODS]
+    if not wanted:
+        return {}
+    if not args.eagle_heads:
+        raise SystemExit(f"--methods {','.join(wanted)} need --eagle-heads DIR[,DIR]")
+    by_variant = {}
+    for directory in args.eagle_heads.split(","):
+        draft = load_draft_heads(directory, model)
+        if not hasattr(draft, "draft_to_target"):
+            raise SystemExit(f"--eagle-heads: {directory} holds Medusa heads, not an EAGLE draft")
+        by_variant[draft.config.variant] = draft
+    missing = [m for m in wanted if EAGLE_METHODS[m] not in by_variant]
+    if missing:
+        raise SystemExit(f"--methods {','.join(missing)}: no {'/'.join(EAGLE_METHODS[m] for m in missing)} draft "
+                         f"among --eagle-heads {args.eagle_heads}")
+    return {m: by_variant[EAGLE_METHODS[m]] for m in wanted}
+
+
 def main(argv=None):
     args = parse_args(argv)
     methods = args.methods.split(",")
@@ -250,7 +281,7 @@ def main(argv=None):
     model = load_base_model(args.model, args.dtype)
     uses_heads = any(m.startswith("medusa") for m in methods)
     heads = MedusaHeads.from_pretrained(args.heads, base_model=model) if uses_heads else None
-    runner = Runner(args, model, tokenizer, heads)
+    runner = Runner(args, model, tokenizer, heads, load_eagle_drafts(args, methods, model))
     questions = load_questions(args.questions, args.max_questions)
     if "baseline" not in methods:
         methods = ["baseline"] + methods  # speedup is always against HF greedy in the same run
@@ -263,7 +294,7 @@ def main(argv=None):
             records[method].append(runner.run_question(method, question))
 
     greedy = args.temperature == 0
-    results = {"model": args.model, "heads": args.heads, "dtype": str(model.dtype), "temperature": args.temperature,
+    results = {"model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "temperature": args.temperature,
                "max_new_tokens": args.max_new_tokens, "questions": len(questions), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {},
                "accepted_length_histogram": {}}

@@ -61,3 +61,29 @@ def test_bench_rejects_unknown_method(tmp_path):
 
     with pytest.raises(SystemExit, match="unknown method"):
         bench.main(["--methods", "baseline,warp", "--out", str(tmp_path)])
+
+
+def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
+    import bench
+    from transformers import AutoConfig
+
+    from specheads.heads import EagleConfig, EagleDraft
+
+    base_config = AutoConfig.from_pretrained(tiny_llama_dir)
+    folders = []
+    for variant in ("eagle1", "eagle3"):
+        torch.manual_seed(0)
+        draft = EagleDraft(EagleConfig.for_base(base_config, str(tiny_llama_dir), variant=variant,
+                                                draft_vocab_size=1000))
+        draft.save_pretrained(tmp_path / variant)
+        folders.append(str(tmp_path / variant))
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello", "More"]}) + "\n")
+    results = bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", ",".join(folders), "--questions",
+                          str(questions), "--methods", "baseline,eagle2,eagle3", "--max-new-tokens", "10",
+                          "--eagle-tokens", "6", "--dtype", "fp64", "--out", str(tmp_path / "bench")])
+    for method in ("eagle2", "eagle3"):
+        assert results["methods"][method]["overall"]["greedy_match"] == 1.0
+    with pytest.raises(SystemExit, match="eagle3"):
+        bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", folders[0], "--questions", str(questions),
+                    "--methods", "eagle3", "--out", str(tmp_path / "b2")])

@@ -84,3 +84,19 @@ def test_generate_stops_decoding_at_stop_string(tiny_llama_dir):
     cut = generator.answer("Hi", max_new_tokens=30, stop_strings=[stop])
     assert cut == full[: full.index(stop)]
     assert torch.is_tensor(generator.decoder.candidates.buffers.depths)
+
+
+def test_chat_with_an_eagle_draft_answers_like_plain_decoding(tmp_path, tiny_llama_dir):
+    from transformers import AutoConfig
+
+    from specheads.heads import EagleConfig, EagleDraft
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(tiny_llama_dir)
+    EagleDraft(EagleConfig.for_base(config, str(tiny_llama_dir), variant="eagle3", draft_vocab_size=500)
+               ).save_pretrained(tmp_path / "eagle3")
+    common = ["--model", str(tiny_llama_dir), "--prompt", "Hi", "--max-new-tokens", "12", "--dtype", "fp32"]
+    eagle = run_chat([*common, "--heads", str(tmp_path / "eagle3"), "--tree-tokens", "6"], "")
+    plain = run_chat([*common, "--no-heads"], "")
+    assert eagle.returncode == 0, eagle.stderr
+    assert eagle.stdout.split("\n[")[0] == plain.stdout.split("\n[")[0]
