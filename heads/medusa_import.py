@@ -90,7 +90,7 @@ def import_faster_decoding(directory: str | Path, base_model=None) -> MedusaHead
     weights_path, state = faster_decoding_weights(directory)
     state = {name.removeprefix("medusa_head."): tensor for name, tensor in state.items()}
 
-    pattern = re.compile(rf"(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)")
+    pattern = re.compile(r"(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)")
     renamed, own_lm_head = {}, False
     for name, tensor in state.items():
         match = pattern.fullmatch(name)
