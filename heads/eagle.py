@@ -25,9 +25,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
+
+from .medusa import read_json_config, size_mismatches
+from .weights import read_folder_safetensors
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -203,13 +206,7 @@ class EagleDraft(nn.Module):
 
     @staticmethod
     def read_config(directory: str | Path) -> tuple[EagleConfig, dict]:
-        path = Path(directory) / CONFIG_NAME
-        if not path.is_file():
-            raise FileNotFoundError(f"no EAGLE draft at {directory}: {CONFIG_NAME} is missing")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        path, raw = read_json_config(directory, what="EAGLE draft")
         if raw.get("model_type") != MODEL_TYPE:
             raise ValueError(f"{path}: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
         known = {f.name for f in fields(EagleConfig)}
@@ -226,10 +223,7 @@ class EagleDraft(nn.Module):
             check_compatible(config, base_model.config, source=str(directory))
         draft = cls(config)
         weights_path = Path(directory) / WEIGHTS_NAME
-        try:
-            state = load_file(str(weights_path), device=map_location)
-        except Exception as err:  # safetensors raises several types for damaged files
-            raise ValueError(f"cannot read {weights_path}: {err}") from err
+        state = read_folder_safetensors(directory, WEIGHTS_NAME, device=map_location)
         expected = {k for k in draft.state_dict() if not k.startswith("rotary_emb.")}
         missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
         if missing or unexpected:
@@ -245,11 +239,7 @@ class EagleDraft(nn.Module):
 
 def check_compatible(config: EagleConfig, base_config, source: str = "draft") -> None:
     """A draft trained for one base is meaningless on another: refuse a size or vocabulary mismatch."""
-    problems = []
-    if config.hidden_size != base_config.hidden_size:
-        problems.append(f"hidden_size {config.hidden_size} (draft) != {base_config.hidden_size} (base)")
-    if config.vocab_size != base_config.vocab_size:
-        problems.append(f"vocab_size {config.vocab_size} (draft) != {base_config.vocab_size} (base)")
+    problems = size_mismatches(config, base_config, "draft")
     if config.variant == "eagle3" and max(config.aux_layer_ids) > base_config.num_hidden_layers:
         problems.append(f"aux_layer_ids {config.aux_layer_ids} exceed the base's {base_config.num_hidden_layers} layers")
     if problems:

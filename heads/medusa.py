@@ -150,11 +150,11 @@ class MedusaHeads(nn.Module):
             return push_to_hub(tmp, repo_id, **options)
 
 
-def read_json_config(directory: str | Path) -> tuple[Path, dict]:
+def read_json_config(directory: str | Path, what: str = "Medusa heads") -> tuple[Path, dict]:
     """(path, contents) of a heads folder's config.json, with errors that name the file."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"no Medusa heads at {directory}: {CONFIG_NAME} is missing")
+        raise FileNotFoundError(f"no {what} at {directory}: {CONFIG_NAME} is missing")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -174,10 +174,12 @@ def _model_type(directory: str | Path):
 
 def check_compatible(config: MedusaConfig, base_config, source: str = "heads") -> None:
     """Heads trained for one base are meaningless on another: refuse a size or vocabulary mismatch."""
-    problems = []
-    if config.hidden_size != base_config.hidden_size:
-        problems.append(f"hidden_size {config.hidden_size} (heads) != {base_config.hidden_size} (base)")
-    if config.vocab_size != base_config.vocab_size:
-        problems.append(f"vocab_size {config.vocab_size} (heads) != {base_config.vocab_size} (base)")
+    problems = size_mismatches(config, base_config, "heads")
     if problems:
         raise ValueError(f"{source} do not fit this base model: " + "; ".join(problems))
+
+
+def size_mismatches(config, base_config, who: str) -> list[str]:
+    """What does not fit between a draft's config and its base's: hidden size and vocabulary."""
+    return [f"{name} {getattr(config, name)} ({who}) != {getattr(base_config, name)} (base)"
+            for name in ("hidden_size", "vocab_size") if getattr(config, name) != getattr(base_config, name)]

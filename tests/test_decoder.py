@@ -186,6 +186,30 @@ def test_lossless_accept_reproduces_the_distribution_on_hand_made_tree():
     assert chi_square_p_value(counts, probs[0], n) > 1e-3
 
 
+def exact_joint_of_two_tokens(model, prompt, sampling) -> torch.Tensor:
+    """P(x0, x1 | prompt) of the base under the sampling warpers, [VOCAB, VOCAB]."""
+    warpers = sampling.warpers()
+    with torch.no_grad():
+        first = torch.softmax(warpers(None, model(prompt).logits[0, -1:].float()), -1)[0]
+        joint = torch.zeros(VOCAB, VOCAB)
+        for a in torch.nonzero(first > 0).flatten().tolist():
+            seq = torch.cat([prompt, torch.tensor([[a]])], dim=1)
+            joint[a] = first[a] * torch.softmax(warpers(None, model(seq).logits[0, -1:].float()), -1)[0]
+    return joint
+
+
+def sample_two_tokens(decoder, prompt, sampling, n: int):
+    """Counts of (x0, x1) over n seeded generations, and how many first steps accepted a drafted token."""
+    counts = torch.zeros(VOCAB * VOCAB)
+    drafted = 0
+    for i in range(n):
+        sampling.seed = i
+        ids = decoder.generate_ids(prompt, 2, sampling)
+        counts[ids[0] * VOCAB + ids[1]] += 1
+        drafted += decoder.stats.accepted_lengths[0] > 1 if decoder.stats.accepted_lengths else 0
+    return counts, drafted
+
+
 def test_sampling_decoder_matches_base_distribution():
     """First two sampled tokens of the tree decoder vs the exact joint distribution of the base."""
     model = tiny_model("llama", dtype=torch.float64)
@@ -196,22 +220,9 @@ def test_sampling_decoder_matches_base_distribution():
     decoder = TreeDecoder(model, heads, tree)
     prompt = torch.tensor([[5, 9, 11, 3]])
     sampling = SamplingConfig(temperature=0.8, top_p=0.9, seed=1234)
-    warpers = sampling.warpers()
-    with torch.no_grad():
-        first = torch.softmax(warpers(None, model(prompt).logits[0, -1:].float()), -1)[0]
-        joint = torch.zeros(VOCAB, VOCAB)
-        for a in torch.nonzero(first > 0).flatten().tolist():
-            seq = torch.cat([prompt, torch.tensor([[a]])], dim=1)
-            second = torch.softmax(warpers(None, model(seq).logits[0, -1:].float()), -1)[0]
-            joint[a] = first[a] * second
+    joint = exact_joint_of_two_tokens(model, prompt, sampling)
     n = 3000
-    counts = torch.zeros(VOCAB * VOCAB)
-    drafted = 0
-    for i in range(n):
-        sampling.seed = i
-        ids = decoder.generate_ids(prompt, 2, sampling)
-        counts[ids[0] * VOCAB + ids[1]] += 1
-        drafted += decoder.stats.accepted_lengths[0] > 1 if decoder.stats.accepted_lengths else 0
+    counts, drafted = sample_two_tokens(decoder, prompt, sampling, n)
     # Heads at T > 0 guess x1 without knowing the sampled x0, so most drafts are rightly rejected;
     # enough must be accepted for the test to check the acceptance path too.
     assert drafted > 0.1 * n, "the heads' drafts must get accepted for the test to mean anything"

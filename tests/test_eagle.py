@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import synthetic_sharegpt, write_jsonl
-from test_decoder import VOCAB, chi_square_p_value, hf_greedy, tiny_model
+from test_decoder import (VOCAB, chi_square_p_value, exact_joint_of_two_tokens, hf_greedy, sample_two_tokens,
+                          tiny_model)
 
 from specheads.heads import EagleConfig, EagleDraft
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
@@ -179,20 +180,9 @@ def test_eagle_sampling_matches_base_distribution():
     decoder = TreeDecoder(model, candidates=EagleCandidates(draft, model, top_k=4, depth=2, total_tokens=10))
     prompt = torch.tensor([[5, 9, 11, 3]])
     sampling = SamplingConfig(temperature=0.8, top_p=0.9, seed=0)
-    warpers = sampling.warpers()
-    with torch.no_grad():
-        first = torch.softmax(warpers(None, model(prompt).logits[0, -1:].float()), -1)[0]
-        joint = torch.zeros(VOCAB, VOCAB)
-        for a in torch.nonzero(first > 0).flatten().tolist():
-            seq = torch.cat([prompt, torch.tensor([[a]])], dim=1)
-            joint[a] = first[a] * torch.softmax(warpers(None, model(seq).logits[0, -1:].float()), -1)[0]
-    n, drafted = 1200, 0
-    counts = torch.zeros(VOCAB * VOCAB)
-    for i in range(n):
-        sampling.seed = i
-        ids = decoder.generate_ids(prompt, 2, sampling)
-        counts[ids[0] * VOCAB + ids[1]] += 1
-        drafted += decoder.stats.accepted_lengths[0] > 1
+    joint = exact_joint_of_two_tokens(model, prompt, sampling)
+    n = 1200
+    counts, drafted = sample_two_tokens(decoder, prompt, sampling, n)
     assert drafted > 0.2 * n, "the draft must get accepted for the test to mean anything"
     expected = joint.flatten().double()
     assert (expected * n >= 5).sum() >= 8, "the distribution must have enough outcomes to test"

@@ -30,7 +30,7 @@ from specheads.data.tokenization import IGNORE_INDEX
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.losses import soft_cross_entropy, unrolled_step_mask
 from specheads.train.loop import DataSection, ModelSection, TrainSection, heldout_batches, train_main
-from specheads.train.medusa import accuracy_logs, accuracy_result, format_accuracy
+from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
 
 
 @dataclass
@@ -246,10 +246,7 @@ class EagleTask:
 
     format_result = staticmethod(format_accuracy)
     eval_logs = staticmethod(accuracy_logs)
-
-    @staticmethod
-    def final_extra(result: dict) -> dict:
-        return {"heldout_accuracy": {key: result[key] for key in ("top1", "top5", "tokens", "estimated_tau")}}
+    final_extra = staticmethod(MedusaTask.final_extra)  # same per-step accuracy record as per-head
 
 
 def frequent_tokens(examples, vocab_size: int, count: int) -> torch.Tensor:
