@@ -2,7 +2,8 @@
 
 FORMATS maps a format name to its converter `convert(heads_dir, out_dir, *, model=None, overwrite=False)`;
 `scripts/export.py` is its command line. The readers for these formats (back to MedusaHeads) are in
-`medusa_import.py`, which takes its tensor names from here so that both directions agree.
+`medusa_import.py`, which takes its tensor names from here so that both directions agree. The EAGLE
+formats' names and configs, both directions, are in `eagle_export.py` (back to EagleDraft).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
+from .eagle_export import EAGLE_FORMATS, detect_format, export_eagle, load_draft, load_eagle_export
+from .medusa import MODEL_TYPE as MEDUSA_MODEL_TYPE
 from .medusa import MedusaConfig, MedusaHeads
 
 VLLM_MEDUSA_WEIGHTS = "model.safetensors"
@@ -105,7 +108,12 @@ def export_vllm_medusa(heads_dir: str | Path, out_dir: str | Path, *, model: str
 
 def export_specheads(heads_dir: str | Path, out_dir: str | Path, *, model: str | None = None,
                      overwrite: bool = False) -> Path:
-    """FasterDecoding / vLLM Medusa folder -> specheads heads (config.json + model.safetensors)."""
+    """FasterDecoding / vLLM Medusa folder, or an exported EAGLE draft -> specheads heads."""
+    if _is_eagle_export(heads_dir):
+        draft = load_eagle_export(heads_dir)
+        out_dir = prepare_out_dir(out_dir, heads_dir, overwrite)
+        draft.save_pretrained(out_dir, extra=draft.extra_config)
+        return out_dir
     base = None
     if model:
         from specheads.data.models import load_base_model
@@ -119,19 +127,46 @@ def export_specheads(heads_dir: str | Path, out_dir: str | Path, *, model: str |
     return out_dir
 
 
-# ---- EAGLE formats: need EAGLE heads -----------------------------------------------------------
+# ---- EAGLE formats (vLLM, SGLang, speculators) ----------------------------------------------
 
-def _needs_eagle_heads(name: str) -> Callable[..., Path]:
-    def convert(heads_dir, out_dir, **options):
-        raise NotImplementedError(f"format {name!r} exports EAGLE heads; specheads cannot export them yet "
-                                  f"(Medusa heads export as 'vllm-medusa')")
+def _eagle_converter(name: str) -> Callable[..., Path]:
+    def convert(heads_dir, out_dir, *, model: str | None = None, overwrite: bool = False) -> Path:
+        """EagleDraft folder -> a `name` draft folder (config.json + model.safetensors); `model` names the
+        base (verifier) where the format records one, default the draft's own base."""
+        try:
+            draft = load_draft(heads_dir)
+        except ValueError as err:
+            hint = " (Medusa heads export as 'vllm-medusa')" if _model_type(heads_dir) == MEDUSA_MODEL_TYPE else ""
+            raise ValueError(f"format {name!r} exports EAGLE heads: {err}{hint}") from err
+        config, tensors = export_eagle(name, draft, model=model, source=heads_dir)
+        out_dir = prepare_out_dir(out_dir, heads_dir, overwrite)
+        save_file(tensors, str(out_dir / VLLM_MEDUSA_WEIGHTS), metadata={"format": "pt"})
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return out_dir
+    convert.__name__ = f"export_{name.replace('-', '_')}"
     return convert
+
+
+def _read_config(directory: str | Path) -> dict:
+    try:
+        raw = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _model_type(directory: str | Path):
+    return _read_config(directory).get("model_type")
+
+
+def _is_eagle_export(directory: str | Path) -> bool:
+    return detect_format(_read_config(directory)) is not None
 
 
 FORMATS: dict[str, Callable[..., Path]] = {
     "vllm-medusa": export_vllm_medusa,
     "specheads": export_specheads,
-    **{name: _needs_eagle_heads(name) for name in ("vllm-eagle", "sglang-eagle", "vllm-eagle3", "sglang-eagle3")},
+    **{name: _eagle_converter(name) for name in EAGLE_FORMATS},
 }
 
 

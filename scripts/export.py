@@ -6,7 +6,9 @@
 Formats (specheads.heads.export.FORMATS): vllm-medusa (config.json + model.safetensors as vLLM's Medusa draft
 model reads them; heads that share the base lm_head need it, taken from --model, default the base named in
 the heads' config), specheads (any folder MedusaHeads reads, e.g. FasterDecoding/Medusa v0.1 or vLLM Medusa,
-into specheads' own format), and the EAGLE formats vllm-eagle, sglang-eagle, vllm-eagle3, sglang-eagle3.
+into specheads' own format), and the EAGLE formats vllm-eagle, sglang-eagle (EagleDraft folders of variant
+eagle1), vllm-eagle3 (speculators format; --model overrides the verifier it names) and sglang-eagle3 (variant
+eagle3). `--format specheads` also turns an exported EAGLE folder back into an EagleDraft folder.
 """
 
 from __future__ import annotations
