@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import platform
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -294,7 +295,8 @@ def main(argv=None):
             records[method].append(runner.run_question(method, question))
 
     greedy = args.temperature == 0
-    results = {"model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "temperature": args.temperature,
+    results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+               "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "temperature": args.temperature,
                "max_new_tokens": args.max_new_tokens, "questions": len(questions), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {},
                "accepted_length_histogram": {}}

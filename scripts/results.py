@@ -1,9 +1,11 @@
-"""Regenerate the README's results section from a finished training run.
+"""Regenerate the README's results section from finished training runs and benchmarks.
 
-    python scripts/results.py --run runs/smollm2-135m-medusa1 [--readme README.md]
+    python scripts/results.py --run runs/smollm2-135m-medusa1 [--run runs/smollm2-135m-eagle3 ...] \
+        [--bench runs/bench-eagle ...] [--readme README.md]
 
-Reads <run>/eval.json (written by train/medusa.py) and <run>/train_config.json, and replaces
-the text between the results markers in the README with a table, the command, date and machine.
+Reads each run's eval.json and train_config.json (Medusa or EAGLE), and each extra benchmark's
+results.json/results.md, and replaces the text between the results markers in the README with the
+tables, the commands, date and machine.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 from pathlib import Path
+
+from bench import machine  # scripts/ is on sys.path when this script runs
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 # Vicuna-7B, 5 heads, ShareGPT (Medusa paper, via shared/REFERENCE.md)
@@ -21,21 +23,33 @@ VICUNA_TOP1 = [0.56, 0.32, 0.20, 0.15, 0.12]
 VICUNA_TOP5 = [0.78, 0.56, 0.42, 0.34, 0.30]
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {len(os.sched_getaffinity(0))} cores"
+def render_eagle(run: Path, result: dict, config: dict) -> str:
+    data, eagle = config["data"], config["eagle"]
+    rows = ["| draft step | top-1 | top-5 |", "|---:|---:|---:|"]
+    rows += [f"| {k + 1} | {t1:.3f} | {t5:.3f} |" for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"]))]
+    vocabulary = f", draft vocabulary {eagle['draft_vocab_size']}" if eagle["variant"] == "eagle3" else ""
+    lines = [f"{eagle['variant'].upper()} draft on **{config['model']['name']}** ({data['dataset']}, "
+             f"{data['max_train_conversations'] or 'all'} training conversations, {config['train']['epochs']:g} epochs, "
+             f"training-time test {eagle['ttt_steps']} steps{vocabulary}; `python train/eagle.py --config ...` -> {run}). "
+             f"Held-out: how often draft step i's top-1/top-5 holds the base's greedy token, the draft fed its own "
+             f"features ({int(result['tokens'][0])} assistant tokens):", "", *rows]
+    if "throughput" in result:
+        tp = result["throughput"]
+        lines += ["", f"Training throughput (last process run): {tp['samples_per_s']:.2f} samples/s."]
+    return "\n".join(lines)
+
+
+def render_bench(directory: Path) -> str:
+    results = json.loads((directory / "results.json").read_text())
+    command = results.get("command", "scripts/bench.py")
+    return "\n".join([f"Benchmark `{command}`:", "", (directory / "results.md").read_text().strip()])
 
 
 def render(run: Path) -> str:
     result = json.loads((run / "eval.json").read_text())
     config = json.loads((run / "train_config.json").read_text())
+    if "eagle" in config:
+        return render_eagle(run, result, config)
     rows = ["| head | top-1 | top-5 | Vicuna-7B top-1 / top-5 |", "|---:|---:|---:|---:|"]
     for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"])):
         ref = f"{VICUNA_TOP1[k]:.2f} / {VICUNA_TOP5[k]:.2f}" if k < len(VICUNA_TOP1) else ""
@@ -67,10 +81,12 @@ def render(run: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", default="runs/smollm2-135m-medusa1", type=Path)
+    parser.add_argument("--run", action="append", type=Path, help="training run folder (repeatable)")
+    parser.add_argument("--bench", action="append", default=[], type=Path, help="extra bench.py --out folder (repeatable)")
     parser.add_argument("--readme", default="README.md", type=Path)
     args = parser.parse_args()
-    section = render(args.run)
+    runs = args.run or [Path("runs/smollm2-135m-medusa1")]
+    section = "\n\n".join([render(run) for run in runs] + [render_bench(b) for b in args.bench])
     text = args.readme.read_text()
     if START not in text or END not in text:
         raise SystemExit(f"{args.readme}: results markers {START} ... {END} are missing")
