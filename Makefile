@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup demo distill test test-slow clean
+.PHONY: setup demo eagle distill test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,18 @@ demo: setup
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads --questions data/questions/sharegpt-dev.jsonl \
 		--methods baseline,prompt_lookup,medusa --temperature 0 --max-new-tokens 128 --max-questions 20 \
 		--out $(RUN)/bench
+
+# Train EAGLE-1 and EAGLE-3 drafts on the same data (base states cached once per run; ~30 minutes each on
+# 2 cores) and benchmark them with EAGLE-2 dynamic trees against the demo's Medusa heads and HF.
+eagle: setup
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume
+	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle1/heads
+	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle3/heads
+	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
+		--eagle-heads runs/smollm2-135m-eagle1/heads,runs/smollm2-135m-eagle3/heads \
+		--questions data/questions/sharegpt-dev.jsonl --methods baseline,prompt_lookup,medusa,eagle2,eagle3 \
+		--temperature 0 --max-new-tokens 128 --max-questions 20 --out runs/bench-eagle
 
 # Regenerate the self-distilled training data of the demo (SmolLM2's own answers; ~15 minutes).
 DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl

@@ -87,3 +87,20 @@ def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
     with pytest.raises(SystemExit, match="eagle3"):
         bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", folders[0], "--questions", str(questions),
                     "--methods", "eagle3", "--out", str(tmp_path / "b2")])
+
+
+def test_tune_eagle_tree_stores_the_fastest_shape(tmp_path, tiny_llama_dir):
+    import tune_eagle_tree
+    from transformers import AutoConfig
+
+    from specheads.heads import EagleConfig, EagleDraft
+
+    EagleDraft(EagleConfig.for_base(AutoConfig.from_pretrained(tiny_llama_dir), str(tiny_llama_dir))
+               ).save_pretrained(tmp_path / "eagle1")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n")
+    chosen = tune_eagle_tree.main(["--model", str(tiny_llama_dir), "--heads", str(tmp_path / "eagle1"),
+                                   "--questions", str(questions), "--prompts", "1", "--max-new-tokens", "4",
+                                   "--dtype", "fp32"])
+    stored = EagleDraft.from_pretrained(tmp_path / "eagle1").extra_config
+    assert stored["eagle_tree"] == chosen and len(stored["eagle_tree_measurements"]["candidates"]) == 5

@@ -1,0 +1,88 @@
+"""Pick an EAGLE draft's dynamic-tree shape for this machine and store it with the draft.
+
+    python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle3/heads --prompts 6
+
+The best tree depends on the draft's accuracy and on what a verify forward of n tokens costs here
+(on 2 CPU cores 32 tokens cost ~1.6x one token; on a GPU they are nearly free). So this measures,
+on held-out dev prompts, tokens/s of each (top_k, depth, total_tokens) candidate against plain
+decoding in the same process, and writes the fastest into the draft's config.json as `eagle_tree`
+(chat.py and bench.py use it unless told otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from specheads.data.models import load_base_model, load_tokenizer
+from specheads.inference.decoder import TreeDecoder
+from specheads.inference.eagle import EagleCandidates
+from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads
+
+CANDIDATES = [(4, 4, 10), (4, 5, 14), (6, 5, 18), (8, 6, 26), (10, 6, 40)]  # (top_k, depth, total_tokens)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--heads", required=True, help="EAGLE draft folder (EagleDraft.save_pretrained)")
+    parser.add_argument("--questions", default="data/questions/sharegpt-dev.jsonl")
+    parser.add_argument("--prompts", type=int, default=6, help="dev prompts to time (the last ones of the file)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dry-run", action="store_true", help="measure and print, do not write config.json")
+    return parser.parse_args(argv)
+
+
+def timed(decoder, prompts, max_new_tokens, eos) -> tuple[float, float]:
+    """(tokens/s, τ) over the prompts."""
+    tokens = forwards = 0
+    seconds = 0.0
+    for ids in prompts:
+        start = time.perf_counter()
+        tokens += len(decoder.generate_ids(ids, max_new_tokens, eos_token_ids=eos))
+        seconds += time.perf_counter() - start
+        forwards += decoder.stats.base_forwards
+    return tokens / seconds, tokens / max(forwards, 1)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    model = load_base_model(args.model, args.dtype)
+    tokenizer = load_tokenizer(args.model)
+    draft = load_draft_heads(args.heads, model)
+    if not hasattr(draft, "draft_to_target"):
+        raise SystemExit(f"{args.heads} holds Medusa heads: use scripts/build_tree.py for those")
+    eos = eos_token_ids(model, tokenizer)
+    questions = [json.loads(line) for line in Path(args.questions).read_text().splitlines() if line.strip()]
+    # The benchmark takes the first questions; tune on the last ones so the two do not overlap.
+    prompts = [chat_input_ids(tokenizer, q["turns"][0]) for q in questions[-args.prompts:]]
+    plain = TreeDecoder(model)
+    timed(plain, prompts[:1], 16, eos)  # warm-up
+    plain_speed, _ = timed(plain, prompts, args.max_new_tokens, eos)
+    print(f"plain decoding: {plain_speed:.1f} tokens/s")
+    measured = []
+    for top_k, depth, total in CANDIDATES:
+        decoder = TreeDecoder(model, candidates=EagleCandidates(draft, model, top_k, depth, total))
+        speed, tau = timed(decoder, prompts, args.max_new_tokens, eos)
+        measured.append({"top_k": top_k, "depth": depth, "total_tokens": total, "tokens_per_s": speed, "tau": tau,
+                         "speedup": speed / plain_speed})
+        print(f"top_k {top_k:2d} depth {depth} tokens {total:2d}: τ {tau:.2f}, {speed:.1f} tokens/s, "
+              f"{speed / plain_speed:.2f}x")
+    best = max(measured, key=lambda m: m["tokens_per_s"])
+    chosen = {key: best[key] for key in ("top_k", "depth", "total_tokens")}
+    print(f"fastest: {chosen}")
+    if not args.dry_run:
+        path = Path(args.heads) / "config.json"
+        config = json.loads(path.read_text())
+        config["eagle_tree"] = chosen
+        config["eagle_tree_measurements"] = {"plain_tokens_per_s": plain_speed, "candidates": measured}
+        path.write_text(json.dumps(config, indent=2) + "\n")
+        print(f"stored in {path}")
+    return chosen
+
+
+if __name__ == "__main__":
+    main()
