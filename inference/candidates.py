@@ -110,10 +110,25 @@ def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
 
 
 class MergedCandidates:
-    """Several sources in one tree, e.g. Medusa heads plus prompt lookup: one forward verifies both."""
+    """Several sources in one tree, e.g. Medusa heads plus prompt lookup: one forward verifies both.
+
+    Per-generation hooks (`begin`) and a feature-level draft's `commit` are passed on to the sources that
+    have them, so an EAGLE draft keeps following the accepted tokens whichever source proposed them."""
 
     def __init__(self, *sources):
         self.sources = sources
+        feature_sources = [s for s in sources if hasattr(s, "commit")]
+        if len(feature_sources) > 1:
+            raise ValueError("at most one feature-level draft (e.g. EAGLE) per merged tree")
+        self._feature_source = feature_sources[0] if feature_sources else None
+        if self._feature_source is not None:
+            self.feature_layers = self._feature_source.feature_layers
+            self.commit = self._feature_source.commit
+
+    def begin(self, *args) -> None:
+        for source in self.sources:
+            if hasattr(source, "begin"):
+                source.begin(*args)
 
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         return merge_token_trees([source.propose(root, hidden, context) for source in self.sources])

@@ -8,7 +8,8 @@ Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt looku
 plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
 medusa (our tree decoder with the heads and their tree), medusa_pld (the heads' tree and a prompt
 lookup chain merged into one tree, verified in one forward), eagle2 / eagle3 (an EAGLE-1 / EAGLE-3 draft
-from --eagle-heads with an EAGLE-2 dynamic tree of --eagle-tokens nodes). Seed methods: sps (draft-model speculative
+from --eagle-heads with an EAGLE-2 dynamic tree of --eagle-tokens nodes), eagle3_pld (that tree merged with a
+prompt-lookup chain, one forward). Seed methods: sps (draft-model speculative
 sampling; the draft is the base's first --draft-layers layers + norm + lm_head, weights shared, γ fixed
 or 'auto'), lookahead (Jacobi window W, n-grams N, pool G), hf_assisted (HF `generate` with that same
 self-draft as assistant_model, HF's default assistant schedule), hf_prompt_lookup (= prompt_lookup).
@@ -40,8 +41,8 @@ from specheads.inference.lookahead import LookaheadCandidates
 from specheads.inference.speculative import DraftModelCandidates, self_draft
 
 METHODS = ("baseline", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
-           "medusa", "medusa_pld", "eagle2", "eagle3")
-EAGLE_METHODS = {"eagle2": "eagle1", "eagle3": "eagle3"}  # bench method -> the draft variant it decodes with
+           "medusa", "medusa_pld", "eagle2", "eagle3", "eagle3_pld")
+EAGLE_METHODS = {"eagle2": "eagle1", "eagle3": "eagle3", "eagle3_pld": "eagle3"}  # bench method -> the draft variant it decodes with
 
 
 def parse_args(argv=None):
@@ -120,7 +121,11 @@ class Runner:
         eagle_tree = {k: v for k, v in {"top_k": args.eagle_top_k, "depth": args.eagle_depth,
                                         "total_tokens": args.eagle_tokens}.items() if v is not None}
         for method, draft in (eagle_drafts or {}).items():
-            self.decoders[method] = make_decoder(model, draft, eagle_tree=eagle_tree)
+            decoder = make_decoder(model, draft, eagle_tree=eagle_tree)
+            if method.endswith("_pld"):  # the EAGLE-2 tree and a prompt-lookup chain merged, one forward
+                lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
+                decoder = TreeDecoder(model, candidates=MergedCandidates(decoder.candidates, lookup))
+            self.decoders[method] = decoder
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
     def generate(self, method: str, input_ids: torch.Tensor, seed: int) -> tuple[list[int], dict]:

@@ -80,9 +80,9 @@ def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello", "More"]}) + "\n")
     results = bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", ",".join(folders), "--questions",
-                          str(questions), "--methods", "baseline,eagle2,eagle3", "--max-new-tokens", "10",
+                          str(questions), "--methods", "baseline,eagle2,eagle3,eagle3_pld", "--max-new-tokens", "10",
                           "--eagle-tokens", "6", "--dtype", "fp64", "--out", str(tmp_path / "bench")])
-    for method in ("eagle2", "eagle3"):
+    for method in ("eagle2", "eagle3", "eagle3_pld"):
         assert results["methods"][method]["overall"]["greedy_match"] == 1.0
     with pytest.raises(SystemExit, match="eagle3"):
         bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", folders[0], "--questions", str(questions),

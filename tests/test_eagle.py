@@ -241,3 +241,15 @@ def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
         torch.testing.assert_close(again[0][:, row, :n], first[0][:, row, :n], atol=2e-2, rtol=2e-2)
     cfg.data.max_length = 99  # other data settings -> another cache folder, never the stale one
     assert FeatureSource(base, cfg, [0, 1], "train").directory != cached.directory
+
+
+def test_eagle_merged_with_prompt_lookup_is_lossless():
+    from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
+
+    model = deep_tiny_model("llama")
+    eagle = EagleCandidates(fitted_draft(model, "eagle3", steps=40), model, top_k=3, depth=3, total_tokens=8)
+    decoder = TreeDecoder(model, candidates=MergedCandidates(eagle, PromptLookupCandidates(3, 5)))
+    for case in range(3):
+        torch.manual_seed(400 + case)
+        prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
+        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
