@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .medusa import read_json_config, size_mismatches
+from .medusa import read_typed_config, size_mismatches
 from .weights import read_folder_safetensors
 
 CONFIG_NAME = "config.json"
@@ -206,15 +206,7 @@ class EagleDraft(nn.Module):
 
     @staticmethod
     def read_config(directory: str | Path) -> tuple[EagleConfig, dict]:
-        path, raw = read_json_config(directory, what="EAGLE draft")
-        if raw.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"{path}: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
-        known = {f.name for f in fields(EagleConfig)}
-        try:
-            config = EagleConfig(**{k: v for k, v in raw.items() if k in known})
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{path}: {err}") from err
-        return config, {k: v for k, v in raw.items() if k not in known and k != "model_type"}
+        return read_typed_config(directory, MODEL_TYPE, EagleConfig, what="EAGLE draft")
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "EagleDraft":

@@ -107,16 +107,7 @@ class MedusaHeads(nn.Module):
     @staticmethod
     def read_config(directory: str | Path) -> tuple[MedusaConfig, dict]:
         """Read config.json -> (MedusaConfig, the other fields it holds)."""
-        path, raw = read_json_config(directory)
-        if raw.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"{path}: model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
-        known = {f.name for f in fields(MedusaConfig)}
-        try:
-            config = MedusaConfig(**{k: v for k, v in raw.items() if k in known})
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{path}: {err}") from err
-        extra = {k: v for k, v in raw.items() if k not in known and k != "model_type"}
-        return config, extra
+        return read_typed_config(directory, MODEL_TYPE, MedusaConfig)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "MedusaHeads":
@@ -162,6 +153,19 @@ def read_json_config(directory: str | Path, what: str = "Medusa heads") -> tuple
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return path, raw
+
+
+def read_typed_config(directory: str | Path, model_type: str, config_class, what: str = "Medusa heads"):
+    """config.json -> (config_class of its known fields, the other fields such as a tree); errors name the file."""
+    path, raw = read_json_config(directory, what)
+    if raw.get("model_type") != model_type:
+        raise ValueError(f"{path}: model_type is {raw.get('model_type')!r}, expected {model_type!r}")
+    known = {f.name for f in fields(config_class)}
+    try:
+        config = config_class(**{k: v for k, v in raw.items() if k in known})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: {err}") from err
+    return config, {k: v for k, v in raw.items() if k not in known and k != "model_type"}
 
 
 def _model_type(directory: str | Path):
