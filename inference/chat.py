@@ -15,7 +15,7 @@ import json
 import sys
 
 from specheads.inference.decoder import SamplingConfig
-from specheads.inference.generate import SpeculativeGenerator
+from specheads.inference.generate import SpeculativeGenerator, eagle_tree_options
 
 DEFAULT_HEADS = "runs/smollm2-135m-medusa1/heads"
 
@@ -51,13 +51,7 @@ def load_generator(args) -> SpeculativeGenerator:
         if heads is None:
             raise SystemExit(f"no heads: pass --heads DIR (e.g. after `make demo`: {DEFAULT_HEADS}) or --no-heads")
     tree = json.loads(args.tree) if args.tree else None
-    return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree, eagle_tree=eagle_tree_settings(args))
-
-
-def eagle_tree_settings(args) -> dict:
-    """The EAGLE-2 tree options given on the command line (the rest come from the draft or defaults)."""
-    given = {"top_k": args.tree_top_k, "depth": args.tree_depth, "total_tokens": args.tree_tokens}
-    return {key: value for key, value in given.items() if value is not None}
+    return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree, eagle_tree=eagle_tree_options(args.tree_top_k, args.tree_depth, args.tree_tokens))
 
 
 def answer(generator, messages, args, out) -> str:

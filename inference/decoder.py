@@ -23,7 +23,7 @@ from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWar
 from .acceptance import children_lists, greedy_accept, lossless_accept, typical_accept
 from .candidates import MedusaCandidates, NoCandidates
 from .kv_cache import keep_accepted_path, prepare_cache_for_rollback
-from .tree import TreeBuffers
+from .tree import TreeBuffers, additive_mask
 
 
 @dataclass
@@ -130,8 +130,7 @@ class TreeDecoder:
         key = (self.model.dtype, self.model.device)
         parts = getattr(buffers, "_verify_parts", None)
         if parts is None or parts[0] != key:
-            mask = torch.zeros(buffers.attention_mask.shape, dtype=self.model.dtype, device=self.model.device)
-            mask = mask.masked_fill(~buffers.attention_mask, torch.finfo(self.model.dtype).min)
+            mask = additive_mask(buffers.attention_mask.to(self.model.device), self.model.dtype)
             parts = buffers._verify_parts = (key, mask, children_lists(buffers))
         return parts[1], parts[2]
 

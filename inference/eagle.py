@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .tree import buffers_from_parents
+from .tree import additive_mask, buffers_from_parents
 
 
 def select_tree_nodes(scores: list[float], depths: list[int], parents: list[int], budget: int) -> list[int]:
@@ -63,8 +63,7 @@ class EagleCandidates:
 
     def _mask(self, visible: torch.Tensor) -> torch.Tensor:
         """bool [n, keys] -> additive [1, 1, n, keys] in the draft's dtype."""
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        return mask.masked_fill(~visible, torch.finfo(self.dtype).min)[None, None]
+        return additive_mask(visible.to(self.device), self.dtype)[None, None]
 
     @torch.inference_mode()
     def commit(self, next_tokens: list[int], states: list[torch.Tensor]) -> None:
@@ -114,7 +113,7 @@ class EagleCandidates:
             embeddings = self.embed(torch.tensor([[tokens[i] for i in frontier]], device=self.device))
             positions = torch.full((1, len(frontier)), self.committed + level - 1, device=self.device)
             outputs = self.draft(frontier_inputs[None], embeddings, positions,
-                                 self._mask(visible.to(self.device)), self.cache)[0]
+                                 self._mask(visible), self.cache)[0]
             logp, ids = self._top_children(outputs)
             child_scores = torch.tensor([scores[i] for i in frontier])[:, None] + logp.cpu()
             children = []

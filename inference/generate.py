@@ -34,6 +34,12 @@ def load_draft_heads(directory, base_model):
     return MedusaHeads.from_pretrained(directory, base_model=base_model)
 
 
+def eagle_tree_options(top_k: int | None = None, depth: int | None = None, total_tokens: int | None = None) -> dict:
+    """The EAGLE-2 tree settings a user gave (None = keep the draft's stored or default value)."""
+    given = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
+    return {key: value for key, value in given.items() if value is not None}
+
+
 def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None) -> TreeDecoder:
     """The decoder for these heads: Medusa with a static tree, EAGLE with an EAGLE-2 dynamic tree.
 

@@ -69,6 +69,12 @@ class TreeBuffers:
             self.attention_mask, self.depths, self.candidate_index, self.retrieve_indices, self.parent)))
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool "may attend" -> the additive float mask transformers takes as a 4D attention mask (0 or dtype min)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def build_tree_buffers(paths, num_heads: int, top_k: int) -> TreeBuffers:
     tree = validate_tree(paths, num_heads, top_k)
     index = {(): 0, **{path: i + 1 for i, path in enumerate(tree)}}

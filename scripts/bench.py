@@ -36,7 +36,8 @@ from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
 from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
-from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads, make_decoder
+from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
+                                          make_decoder)
 from specheads.inference.lookahead import LookaheadCandidates
 from specheads.inference.speculative import DraftModelCandidates, self_draft
 
@@ -118,8 +119,7 @@ class Runner:
             self.decoders["medusa"] = medusa
             lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
             self.decoders["medusa_pld"] = TreeDecoder(model, candidates=MergedCandidates(medusa.candidates, lookup))
-        eagle_tree = {k: v for k, v in {"top_k": args.eagle_top_k, "depth": args.eagle_depth,
-                                        "total_tokens": args.eagle_tokens}.items() if v is not None}
+        eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens)
         for method, draft in (eagle_drafts or {}).items():
             decoder = make_decoder(model, draft, eagle_tree=eagle_tree)
             if method.endswith("_pld"):  # the EAGLE-2 tree and a prompt-lookup chain merged, one forward

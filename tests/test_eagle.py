@@ -35,7 +35,7 @@ def deep_tiny_model(arch: str, **kwargs):
 
 def fitted_draft(model, variant: str, steps: int = 150, **sampling):
     """A draft trained for a moment on the model's own text (same unrolled loss as train/eagle.py)."""
-    from specheads.train.eagle import base_targets, draft_token_logits, unrolled_draft
+    from specheads.train.eagle import base_targets, unrolled_draft
 
     torch.manual_seed(7)
     prompts = torch.randint(3, VOCAB, (32, 6))
@@ -53,7 +53,7 @@ def fitted_draft(model, variant: str, steps: int = 150, **sampling):
     for _ in range(steps):
         outputs, target_features, valid = unrolled_draft(draft, model, batch, inputs, states[-1], 2)
         probs, _ = base_targets(draft, model, target_features)
-        loss = sum(soft_cross_entropy(draft_token_logits(draft, model, outputs[i][valid[i]]), probs[valid[i]]).mean()
+        loss = sum(soft_cross_entropy(draft.logits(outputs[i][valid[i]], model.lm_head), probs[valid[i]]).mean()
                    for i in range(2))
         optimizer.zero_grad()
         loss.backward()

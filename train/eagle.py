@@ -127,9 +127,9 @@ class FeatureSource:
 def unrolled_draft(draft: EagleDraft, base, batch, inputs, last, steps: int, noise: float = 0.0):
     """Run `steps` draft steps over every position at once (training-time test).
 
-    Returns per step the draft's output features at the trained positions, plus those positions' targets:
-    (outputs [steps, N, H], target features [N, H], target token distribution rows [N, H] of the base's
-    last hidden state at t+1, validity [steps, N])."""
+    Returns, at the N positions some step trains: the draft's outputs per step [steps, N, H], the base's
+    last hidden state at t+1 (the target feature, whose lm_head gives the target distribution) [N, H], and
+    which step trains which position [steps, N]."""
     ids, labels = batch["input_ids"], batch["labels"]
     length = ids.shape[1] - 1  # position t pairs the feature at t with the token x_{t+1}
     embeddings = base.get_input_embeddings()(ids[:, 1:])
@@ -155,10 +155,6 @@ def unrolled_draft(draft: EagleDraft, base, batch, inputs, last, steps: int, noi
     return (torch.stack([o[keep] for o in outputs]), last[:, 1:][keep], torch.stack([v[keep] for v in valid]))
 
 
-def draft_token_logits(draft: EagleDraft, base, hidden):
-    return draft.logits(hidden, base.get_output_embeddings())
-
-
 @torch.no_grad()
 def base_targets(draft: EagleDraft, base, target_features):
     """The base's next-token distribution (restricted to the draft vocabulary for EAGLE-3) and its argmax."""
@@ -166,8 +162,7 @@ def base_targets(draft: EagleDraft, base, target_features):
     greedy = logits.argmax(-1)
     probs = torch.softmax(logits, dim=-1)
     if draft.config.variant == "eagle3":
-        target_ids = torch.arange(draft.config.draft_vocab_size, device=probs.device) + draft.d2t
-        probs = probs[:, target_ids]
+        probs = probs[:, draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=probs.device))]
     return probs, greedy
 
 
@@ -207,7 +202,7 @@ class EagleTask:
         per_step, hits = [], []
         for step in range(steps):
             rows = valid[step]
-            logits = draft_token_logits(draft, base, outputs[step][rows])
+            logits = draft.logits(outputs[step][rows], base.get_output_embeddings())
             loss = e.token_loss_weight * soft_cross_entropy(logits, probs[rows]).mean()
             if e.feature_loss_weight:
                 loss = loss + e.feature_loss_weight * F.smooth_l1_loss(outputs[step][rows].float(),
@@ -255,8 +250,7 @@ def frequent_tokens(examples, vocab_size: int, count: int) -> torch.Tensor:
     for example in examples:
         labels = torch.as_tensor(example.labels)
         counts += torch.bincount(labels[labels != IGNORE_INDEX], minlength=vocab_size)[:vocab_size]
-    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
-    return torch.tensor(order[:count])
+    return counts.argsort(descending=True, stable=True)[:count]  # stable: ties keep id order
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from specheads.data.tokenization import IGNORE_INDEX
+from specheads.inference.tree import additive_mask
 
 
 def shifted_targets(labels: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -84,6 +85,4 @@ def unrolled_step_mask(length: int, step: int, dtype=torch.float32, device=None)
     allowed = [t[None, :] <= (t[:, None] - step)]  # step 0 keys
     for j in range(1, step + 1):
         allowed.append(t[None, :] == (t[:, None] - step + j))
-    allowed = torch.cat(allowed, dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+    return additive_mask(torch.cat(allowed, dim=1), dtype)
