@@ -74,8 +74,7 @@ def render(run: Path) -> str:
     if bench.is_file():
         lines += ["", "Decoding benchmark (`scripts/bench.py`, same process, HF greedy `generate` is the baseline):",
                   "", bench.read_text().strip()]
-    lines += ["", f"Produced by `make demo` (training, `scripts/build_tree.py`, `scripts/bench.py`) then "
-              f"`python scripts/results.py --run {run}`; {datetime.date.today()}, {machine()}."]
+    lines += ["", "Produced by `make demo` (training, `scripts/build_tree.py`, `scripts/bench.py`)."]
     return "\n".join(lines)
 
 
@@ -86,7 +85,10 @@ def main() -> None:
     parser.add_argument("--readme", default="README.md", type=Path)
     args = parser.parse_args()
     runs = args.run or [Path("runs/smollm2-135m-medusa1")]
-    section = "\n\n".join([render(run) for run in runs] + [render_bench(b) for b in args.bench])
+    command = "python scripts/results.py " + " ".join(
+        [f"--run {run}" for run in runs] + [f"--bench {b}" for b in args.bench])
+    section = "\n\n".join([render(run) for run in runs] + [render_bench(b) for b in args.bench]
+                           + [f"This section: `{command}`; {datetime.date.today()}, {machine()}."])
     text = args.readme.read_text()
     if START not in text or END not in text:
         raise SystemExit(f"{args.readme}: results markers {START} ... {END} are missing")
