@@ -195,10 +195,12 @@ class EagleDraft(nn.Module):
 
     # ---- on-disk format --------------------------------------------------------------------
 
-    def save_pretrained(self, directory: str | Path, extra: dict | None = None) -> None:
+    def save_pretrained(self, directory: str | Path, extra: dict | None = None, state_dict: dict | None = None) -> None:
+        """config.json + model.safetensors; state_dict: weights gathered across ranks (ZeRO-3), default own."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()
+        state = {name: tensor.detach().contiguous().cpu()
+                 for name, tensor in (self.state_dict() if state_dict is None else state_dict).items()
                  if not name.startswith("rotary_emb.")}
         save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
         config = {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from .eagle_export import EAGLE_FORMATS, detect_format, export_eagle, load_draft, load_eagle_export
+from .joint import export_merged
 from .medusa import MODEL_TYPE as MEDUSA_MODEL_TYPE
 from .medusa import MedusaConfig, MedusaHeads
 
@@ -165,6 +166,7 @@ def _is_eagle_export(directory: str | Path) -> bool:
 
 FORMATS: dict[str, Callable[..., Path]] = {
     "vllm-medusa": export_vllm_medusa,
+    "merged": export_merged,  # Medusa-2: the base with its LoRA folded in (out/model) + plain heads (out/heads)
     "specheads": export_specheads,
     **{name: _eagle_converter(name) for name in EAGLE_FORMATS},
 }

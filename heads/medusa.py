@@ -95,11 +95,14 @@ class MedusaHeads(nn.Module):
 
     # ---- on-disk format -------------------------------------------------------------------
 
-    def save_pretrained(self, directory: str | Path, extra: dict | None = None) -> None:
-        """Write config.json (+ `extra` fields such as a tree) and model.safetensors."""
+    def save_pretrained(self, directory: str | Path, extra: dict | None = None, state_dict: dict | None = None) -> None:
+        """Write config.json (+ `extra` fields such as a tree) and model.safetensors.
+
+        state_dict: the weights gathered across ranks (DeepSpeed ZeRO-3); default this module's own."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()}
+        state = {name: tensor.detach().contiguous().cpu()
+                 for name, tensor in (self.state_dict() if state_dict is None else state_dict).items()}
         save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
         config = {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}
         (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")

@@ -17,6 +17,7 @@ import torch
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import EagleDraft, MedusaHeads
 from specheads.heads.eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
+from specheads.heads.joint import load_adapted_base
 
 from .decoder import DecodeStats, SamplingConfig, TreeDecoder
 from .eagle import EagleCandidates
@@ -118,6 +119,8 @@ class SpeculativeGenerator:
                         dtype: str = "auto", tree=None, device: str = "cpu",
                         eagle_tree: dict | None = None) -> "SpeculativeGenerator":
         base = load_base_model(model, dtype, device)
+        if heads:  # Medusa-2 heads carry the LoRA adapter they were trained with: fold it into the base
+            base = load_adapted_base(base, heads)
         draft = load_draft_heads(heads, base) if heads else None
         return cls(base, load_tokenizer(model), draft, tree, eagle_tree)
 

@@ -6,7 +6,9 @@
 
 Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt lookup decoding, a peer),
 plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
-medusa (our tree decoder with the heads and their tree), medusa_pld (the heads' tree and a prompt
+medusa (our tree decoder with the heads and their tree; --heads NAME=DIR,NAME=DIR compares several sets as
+medusa:NAME; Medusa-2 heads decode on the base with their LoRA adapter merged, and an extra baseline:NAME
+(HF greedy of that adapted model) is their reference for speedup and greedy match), medusa_pld (the heads' tree and a prompt
 lookup chain merged into one tree, verified in one forward), eagle2 / eagle3 (an EAGLE-1 / EAGLE-3 draft
 from --eagle-heads with an EAGLE-2 dynamic tree of --eagle-tokens nodes), eagle3_pld (that tree merged with a
 prompt-lookup chain, one forward). Seed methods: sps (draft-model speculative
@@ -34,6 +36,7 @@ from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
+from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
@@ -49,7 +52,7 @@ EAGLE_METHODS = {"eagle2": "eagle1", "eagle3": "eagle3", "eagle3_pld": "eagle3"}
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--heads", default=None)
+    parser.add_argument("--heads", default=None, help="Medusa heads folder, or NAME=DIR,NAME=DIR to compare sets")
     parser.add_argument("--tree", default=None, help="JSON rank paths; default: the heads' stored tree")
     parser.add_argument("--eagle-heads", default=None,
                         help="EAGLE draft folder(s), comma-separated: an EAGLE-1 draft for eagle2, an EAGLE-3 one for eagle3")
@@ -100,11 +103,39 @@ class ForwardCounter:
         self.calls += 1
 
 
+def parse_heads_sets(spec: str | None) -> dict[str, str]:
+    """--heads: 'DIR' -> {"medusa": DIR}; 'A=DIR1,B=DIR2' -> {"medusa:A": DIR1, "medusa:B": DIR2}."""
+    if not spec:
+        return {}
+    entries = spec.split(",")
+    if len(entries) == 1 and "=" not in entries[0]:
+        return {"medusa": entries[0]}
+    sets = {}
+    for entry in entries:
+        name, sep, directory = entry.partition("=")
+        if not sep or not name or not directory:
+            raise SystemExit(f"--heads: {entry!r} must look like NAME=DIR when several sets are compared")
+        sets[f"medusa:{name}"] = directory
+    return sets
+
+
+def own_baseline(method: str) -> str:
+    """The name of HF greedy on the adapted model a Medusa-2 method decodes with."""
+    return "baseline:" + (method.partition(":")[2] or method)
+
+
+def reference_of(method: str, methods) -> str:
+    """The HF greedy run a method is compared with: its own adapted model's, else the base's."""
+    own = own_baseline(method)
+    return own if own in methods and not method.startswith("baseline") else "baseline"
+
+
 class Runner:
     def __init__(self, args, model, tokenizer, heads, eagle_drafts=None):
         self.args, self.model, self.tokenizer = args, model, tokenizer
         self.eos = eos_token_ids(model, tokenizer)
         self.counter = ForwardCounter(model)
+        self.model_of, self.counter_of = {}, {}  # methods that run on another (LoRA-adapted) model
         self.decoders = {"plain": TreeDecoder(model),
                          "pld": TreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens)),
                          "lookahead": TreeDecoder(model, candidates=LookaheadCandidates(
@@ -114,11 +145,18 @@ class Runner:
         self.draft = self_draft(model, args.draft_layers or max(1, layers // 4))
         gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
         self.decoders["sps"] = TreeDecoder(model, candidates=DraftModelCandidates(self.draft, gamma, device=model.device))
-        if heads is not None:
-            medusa = TreeDecoder(model, heads, json.loads(args.tree) if args.tree else None)
-            self.decoders["medusa"] = medusa
-            lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
-            self.decoders["medusa_pld"] = TreeDecoder(model, candidates=MergedCandidates(medusa.candidates, lookup))
+        tree = json.loads(args.tree) if args.tree else None
+        for method, (target, head_set) in (heads or {}).items():
+            medusa = TreeDecoder(target, head_set, tree)
+            self.decoders[method] = medusa
+            if target is not model:  # Medusa-2: its own model, forward counter and HF greedy reference
+                reference = own_baseline(method)
+                counter = ForwardCounter(target)
+                for name in (method, reference):
+                    self.model_of[name], self.counter_of[name] = target, counter
+            if method == "medusa" or "medusa_pld" not in self.decoders:  # medusa_pld: the first set's tree
+                lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
+                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=MergedCandidates(medusa.candidates, lookup))
         eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens)
         for method, draft in (eagle_drafts or {}).items():
             decoder = make_decoder(model, draft, eagle_tree=eagle_tree)
@@ -150,7 +188,7 @@ class Runner:
         elif method == "hf_assisted":
             kwargs["assistant_model"] = self.draft
         with torch.inference_mode():
-            out = self.model.generate(input_ids, **kwargs)
+            out = self.model_of.get(method, self.model).generate(input_ids, **kwargs)
         return out[0, input_ids.shape[1]:].tolist(), {"accepted": []}
 
     def run_question(self, method: str, question: dict) -> dict:
@@ -158,11 +196,12 @@ class Runner:
         for i, turn in enumerate(question["turns"]):
             messages.append({"role": "user", "content": turn})
             input_ids = chat_input_ids(self.tokenizer, messages)
-            self.counter.calls = 0
+            counter = self.counter_of.get(method, self.counter)
+            counter.calls = 0
             start = time.perf_counter()
             ids, extra = self.generate(method, input_ids, seed=self.args.seed + i)
             seconds = time.perf_counter() - start
-            turns.append({"tokens": ids, "seconds": seconds, "forwards": self.counter.calls, **extra})
+            turns.append({"tokens": ids, "seconds": seconds, "forwards": counter.calls, **extra})
             messages.append({"role": "assistant", "content": self.tokenizer.decode(ids, skip_special_tokens=True)})
         new = sum(len(t["tokens"]) for t in turns)
         return {"question_id": question["question_id"], "category": question["category"], "turns": turns,
@@ -285,8 +324,15 @@ def main(argv=None):
         raise SystemExit("--methods medusa/medusa_pld need --heads DIR")
     tokenizer = load_tokenizer(args.model)
     model = load_base_model(args.model, args.dtype)
-    uses_heads = any(m.startswith("medusa") for m in methods)
-    heads = MedusaHeads.from_pretrained(args.heads, base_model=model) if uses_heads else None
+    heads = {}
+    if any(m.startswith("medusa") for m in methods):
+        for method, directory in parse_heads_sets(args.heads).items():
+            target = load_adapted_base(load_base_model(args.model, args.dtype), directory) if adapter_of(directory) else model
+            heads[method] = (target, MedusaHeads.from_pretrained(directory, base_model=target))
+        if "medusa" in methods and "medusa" not in heads:  # `medusa` stands for every named set
+            methods = [n for m in methods for n in (heads if m == "medusa" else [m])]
+        methods += [own_baseline(m) for m, (target, _) in heads.items()
+                    if target is not model and m in methods]
     runner = Runner(args, model, tokenizer, heads, load_eagle_drafts(args, methods, model))
     questions = load_questions(args.questions, args.max_questions)
     if "baseline" not in methods:
@@ -306,12 +352,12 @@ def main(argv=None):
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {},
                "accepted_length_histogram": {}}
     for method in methods:
-        base = records["baseline"] if method != "baseline" else None
+        base = records[reference_of(method, methods)] if method != "baseline" else None
         by_category = defaultdict(list)
         for i, r in enumerate(records[method]):
             by_category[r["category"]].append(i)
         per_category = {c: summarise([records[method][i] for i in idx],
-                                     [records["baseline"][i] for i in idx] if base else None, greedy)
+                                     [base[i] for i in idx] if base else None, greedy)
                         for c, idx in sorted(by_category.items())}
         results["methods"][method] = {"overall": summarise(records[method], base, greedy), "per_category": per_category}
         hist = defaultdict(int)

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.heads import MedusaHeads
+from specheads.heads.joint import load_adapted_base
 from specheads.heads.medusa import CONFIG_NAME
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
@@ -115,7 +116,7 @@ def main():
     config, _ = MedusaHeads.read_config(heads_dir)
     model_name = args.model or config.base_model_name_or_path
     tokenizer = load_tokenizer(model_name)
-    base = load_base_model(model_name, args.dtype)
+    base = load_adapted_base(load_base_model(model_name, args.dtype), heads_dir)  # Medusa-2: its LoRA folded in
     heads = MedusaHeads.from_pretrained(heads_dir, base_model=base).to(base.dtype)
 
     _, heldout = split_heldout(load_conversations(args.dataset), args.heldout_size, args.split_seed)

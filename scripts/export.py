@@ -3,7 +3,9 @@
     python scripts/export.py --format vllm-medusa --heads runs/smollm2-135m-medusa1/heads --out exports/vllm-medusa
     python scripts/export.py --format specheads --heads medusa-vicuna-7b-v1.3 --out heads/vicuna   # import
 
-Formats (specheads.heads.export.FORMATS): vllm-medusa (config.json + model.safetensors as vLLM's Medusa draft
+Formats (specheads.heads.export.FORMATS): merged (Medusa-2 heads: out/model is the base with their LoRA
+adapter folded in, out/heads the heads; then `--model out/model --heads out/heads`; the heads folder itself,
+with its adapter/ inside, is the adapter-plus-heads form that chat.py and bench.py load as it is), vllm-medusa (config.json + model.safetensors as vLLM's Medusa draft
 model reads them; heads that share the base lm_head need it, taken from --model, default the base named in
 the heads' config), specheads (any folder MedusaHeads reads, e.g. FasterDecoding/Medusa v0.1 or vLLM Medusa,
 into specheads' own format), and the EAGLE formats vllm-eagle, sglang-eagle (EagleDraft folders of variant

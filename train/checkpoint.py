@@ -57,8 +57,11 @@ def _optimizer_from_files(tensors: dict, param_groups: list) -> dict:
     return {"state": state, "param_groups": param_groups}
 
 
-def save_checkpoint(root: str | Path, step: int, heads, optimizer, trainer_state: dict, keep: int) -> Path:
-    """Write checkpoint `step` under root atomically; prune to the newest `keep` afterwards."""
+def save_checkpoint(root: str | Path, step: int, heads, optimizer, trainer_state: dict, keep: int,
+                    state_dict: dict | None = None) -> Path:
+    """Write checkpoint `step` under root atomically; prune to the newest `keep` afterwards.
+
+    optimizer None: no optimizer state (DeepSpeed keeps it partitioned); state_dict: gathered weights (ZeRO-3)."""
     root = Path(root)
     final = root / f"{PREFIX}{step:06d}"
     staging = root / f".tmp-{PREFIX}{step:06d}"
@@ -66,9 +69,11 @@ def save_checkpoint(root: str | Path, step: int, heads, optimizer, trainer_state
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
 
-    heads.save_pretrained(staging / "heads")
-    tensors, param_groups = _optimizer_to_files(optimizer)
-    save_file(tensors, str(staging / "optimizer.safetensors"))
+    heads.save_pretrained(staging / "heads", state_dict=state_dict)
+    param_groups = None
+    if optimizer is not None:
+        tensors, param_groups = _optimizer_to_files(optimizer)
+        save_file(tensors, str(staging / "optimizer.safetensors"))
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
@@ -88,15 +93,21 @@ def save_checkpoint(root: str | Path, step: int, heads, optimizer, trainer_state
 
 
 def load_checkpoint(directory: str | Path, optimizer) -> dict:
-    """Restore optimizer and RNG states from a checkpoint; return its trainer state (heads load separately)."""
+    """Restore optimizer (unless None) and RNG states from a checkpoint; return its trainer state
+    (heads load separately)."""
     directory = Path(directory)
     try:
         state = json.loads((directory / STATE_NAME).read_text())
-        tensors = load_file(str(directory / "optimizer.safetensors"))
         rng = load_file(str(directory / "rng.safetensors"))
+        param_groups = state.pop("optimizer_param_groups")
+        if optimizer is not None:
+            if param_groups is None:
+                raise ValueError("it holds no optimizer state (saved under DeepSpeed)")
+            tensors = load_file(str(directory / "optimizer.safetensors"))
     except Exception as err:
         raise ValueError(f"checkpoint {directory} is unreadable: {err}") from err
-    optimizer.load_state_dict(_optimizer_from_files(tensors, state.pop("optimizer_param_groups")))
+    if optimizer is not None:
+        optimizer.load_state_dict(_optimizer_from_files(tensors, param_groups))
     torch.set_rng_state(rng["torch"])
     cuda_states = [rng[k] for k in sorted(rng) if k.startswith("cuda.")]
     if cuda_states and torch.cuda.is_available():

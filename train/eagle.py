@@ -29,7 +29,7 @@ from specheads.data.models import cache_root
 from specheads.data.tokenization import IGNORE_INDEX
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.losses import soft_cross_entropy, unrolled_step_mask
-from specheads.train.loop import DataSection, ModelSection, TrainSection, heldout_batches, train_main
+from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
 from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
 
 
@@ -166,7 +166,7 @@ def base_targets(draft: EagleDraft, base, target_features):
     return probs, greedy
 
 
-class EagleTask:
+class EagleTask(DraftTask):
     def __init__(self, cfg: EagleTrainConfig):
         self.cfg = cfg
         self.name = cfg.eagle.variant
@@ -215,7 +215,7 @@ class EagleTask:
                             .tolist() + [float(rows.sum())])
         return torch.stack(per_step), torch.tensor(hits, dtype=torch.float64)
 
-    def loss(self, draft, base, batch, indices):
+    def loss(self, draft, base, batch, indices, step):
         inputs, last = self._features(base, "train")(batch, indices)
         per_step, _ = self._losses(draft, base, batch, inputs, last, self.cfg.eagle.ttt_steps, self.cfg.eagle.input_noise)
         weights = self.cfg.train.head_loss_decay ** torch.arange(len(per_step), dtype=per_step.dtype)

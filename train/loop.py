@@ -82,18 +82,40 @@ class TrainSection:
 
 
 class Task(Protocol):
-    """What a trainer adds to the shared loop."""
+    """What a trainer adds to the shared loop.
+
+    The module `build` returns is what trains, checkpoints and is saved (its `save_pretrained(dir, extra,
+    state_dict)`); only its parameters with requires_grad are optimised."""
 
     name: str  # TensorBoard project name and progress-bar label
     part_names: list[str]  # names of the loss components logged separately (e.g. one per head)
 
     def build(self, base, tokenizer, examples) -> torch.nn.Module: ...
-    def load(self, directory: Path, base) -> torch.nn.Module: ...
-    def loss(self, module, base, batch: dict, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def restore(self, module, directory: Path, base) -> None: ...  # load a checkpoint's weights into module
+    def param_groups(self, module, lr: float) -> list[dict]: ...
+    def loss(self, module, base, batch: dict, indices: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]: ...
     def evaluate(self, module, base, examples, pad_token_id: int, batch_size: int, accelerator) -> dict: ...
     def format_result(self, result: dict) -> str: ...
     def eval_logs(self, result: dict) -> dict: ...
     def final_extra(self, result: dict) -> dict: ...
+
+
+def trainable_parameters(module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+class DraftTask:
+    """Defaults of a Task whose module is the draft alone: restore from its saved folder, one
+    parameter group."""
+
+    def load(self, directory: Path, base) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def restore(self, module, directory: Path, base) -> None:
+        module.load_state_dict(self.load(directory, base).state_dict())
+
+    def param_groups(self, module, lr: float) -> list[dict]:
+        return [{"params": trainable_parameters(module), "lr": lr}]
 
 
 # ---- data --------------------------------------------------------------------------------
@@ -140,22 +162,84 @@ def micro_batches(num_examples: int, cfg: TrainSection, world: int, rank: int, s
 
 
 def heldout_batches(examples, pad_token_id: int, batch_size: int, accelerator):
-    """This rank's share of the held-out examples, padded, on the accelerator's device."""
-    mine = examples[accelerator.process_index::accelerator.num_processes]
+    """This rank's share of the held-out examples, padded, on the accelerator's device.
+
+    Every rank gets the same number (the last len % processes examples are left out when there are
+    several), so all ranks run the same forwards: DeepSpeed ZeRO-3 gathers weights collectively in each."""
+    world = accelerator.num_processes
+    usable = len(examples) - len(examples) % world
+    mine = examples[:usable][accelerator.process_index::world]
     for i in range(0, len(mine), batch_size):
         yield {k: v.to(accelerator.device) for k, v in pad_batch(mine[i:i + batch_size], pad_token_id).items()}
 
 
 # ---- run ---------------------------------------------------------------------------------
 
+def uses_deepspeed(accelerator) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+def partitions_weights(accelerator) -> bool:
+    """DeepSpeed ZeRO-3: each rank holds only a slice of every trained weight."""
+    return uses_deepspeed(accelerator) and accelerator.state.deepspeed_plugin.zero_stage == 3
+
+
+def gathered_state_dict(accelerator, module) -> dict | None:
+    """The module's full weights under ZeRO-3 (a collective: every rank calls it); else None,
+    and the module's own state_dict is complete."""
+    return accelerator.get_state_dict(module) if partitions_weights(accelerator) else None
+
+
+def rank_checksums(accelerator, module) -> list[float] | None:
+    """A checksum of the trained weights on every rank: data parallelism must keep them identical.
+    None under ZeRO-3, where each rank holds only its partition."""
+    if partitions_weights(accelerator):
+        return None
+    params = trainable_parameters(accelerator.unwrap_model(module))
+    local = torch.stack([p.detach().double().sum() + p.detach().double().abs().sum() for p in params]).sum()
+    return accelerator.gather(local.reshape(1).to(accelerator.device)).tolist()
+
+
+def flat_config(tree: dict, skip: str | None = None) -> dict:
+    """{"section.key": value} (top-level scalars such as `mode` keep their own name)."""
+    return {f"{section}.{key}" if isinstance(values, dict) else section: value
+            for section, values in tree.items() if section != skip
+            for key, value in (values.items() if isinstance(values, dict) else [(None, values)])}
+
+
 def check_same_run(saved: dict, current: dict, checkpoint) -> None:
     """Resuming with another model, data or module layout would silently train something else."""
-    changed = [f"{section}.{key}: {saved[section].get(key)!r} -> {value!r}"
-               for section in current if section != "train" and section in saved
-               for key, value in current[section].items() if saved[section].get(key) != value]
+    before, now = flat_config(saved, skip="train"), flat_config(current, skip="train")
+    changed = [f"{name}: {before.get(name)!r} -> {value!r}" for name, value in now.items()
+               if name in before and before[name] != value]
     if changed:
         raise SystemExit(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
                          "use a new train.output_dir")
+
+
+def no_gpu() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    xpu = getattr(torch, "xpu", None)
+    return not (torch.cuda.is_available() or (mps is not None and mps.is_available())
+                or (xpu is not None and xpu.is_available()))
+
+
+def accelerator_settings() -> dict:
+    """Accelerator arguments for machines without a GPU. Plain data parallelism: `cpu=True`, or `accelerate
+    launch --multi_gpu --num_processes N` starts N unconnected single-process runs instead of one gloo
+    group. DeepSpeed (its CPU accelerator): accelerate enables it only when not told `cpu`, and needs the
+    gloo backend named, or every rank believes it is the only one."""
+    import os
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if not no_gpu():
+        return {}
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
+    return {"cpu": True}
 
 
 def resolve_mixed_precision(setting: str) -> str:
@@ -178,7 +262,7 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
     if not resume and latest_checkpoint(checkpoints) is not None:
         raise SystemExit(f"{checkpoints} already holds checkpoints: pass --resume to continue that run, "
                          "or set train.output_dir to a new folder (nothing was overwritten)")
-    accelerator = Accelerator(gradient_accumulation_steps=t.grad_accum,
+    accelerator = Accelerator(**accelerator_settings(), gradient_accumulation_steps=t.grad_accum,
                               mixed_precision=resolve_mixed_precision(t.mixed_precision),
                               log_with="tensorboard", project_dir=str(out / "logs"))
     main = accelerator.is_main_process
@@ -190,7 +274,7 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
     train_examples, heldout_examples = load_examples(cfg, tokenizer)
 
     module = task.build(base, tokenizer, train_examples)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+    optimizer = torch.optim.AdamW(task.param_groups(module, t.lr), lr=t.lr, weight_decay=t.weight_decay,
                                   betas=tuple(t.adam_betas or (0.9, 0.999)))
     per_update = t.batch_size * accelerator.num_processes * t.grad_accum
     total_steps = t.max_steps or max(1, math.ceil(t.epochs * len(train_examples) / per_update))
@@ -204,28 +288,40 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
         else:
             saved = json.loads((latest / STATE_NAME).read_text()).get("config", {})
             check_same_run(saved, config_to_dict(cfg), latest)
-            module.load_state_dict(task.load(latest / "heads", base).state_dict())
-            state = load_checkpoint(latest, optimizer)
+            task.restore(module, latest / "heads", base)
+            state = load_checkpoint(latest, None if uses_deepspeed(accelerator) else optimizer)
             scheduler.load_state_dict(state["scheduler"])
             step, micro_start = state["step"], state["micro_batches_done"]
             accelerator.print(f"resumed from {latest} at step {step}")
+    if uses_deepspeed(accelerator):  # no dataloader goes through prepare, so DeepSpeed is told the batch size
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        if ds_config.get("gradient_accumulation_steps", t.grad_accum) not in ("auto", t.grad_accum):
+            raise SystemExit(f"the DeepSpeed config accumulates {ds_config['gradient_accumulation_steps']} micro-batches "
+                             f"but train.grad_accum is {t.grad_accum}: make them equal")
+        ds_config.update(train_micro_batch_size_per_gpu=t.batch_size, gradient_accumulation_steps=t.grad_accum,
+                         train_batch_size=per_update)
     module, optimizer = accelerator.prepare(module, optimizer)
 
     if main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
-    flat = {f"{s}.{k}": (v if isinstance(v, (int, float, str, bool)) else str(v))
-            for s, sec in config_to_dict(cfg).items() for k, v in sec.items()}
-    accelerator.init_trackers(task.name, config=flat)
+    hparams = {k: (v if isinstance(v, (int, float, str, bool)) else str(v))
+               for k, v in flat_config(config_to_dict(cfg)).items()}
+    accelerator.init_trackers(task.name, config=hparams)
     accelerator.print(f"{len(train_examples)} training / {len(heldout_examples)} held-out conversations; "
-                      f"{total_steps} updates of {per_update} sequences; mixed precision {accelerator.mixed_precision}")
+                      f"{total_steps} updates of {per_update} sequences; mixed precision {accelerator.mixed_precision}; "
+                      f"{accelerator.num_processes} process(es), {accelerator.distributed_type.value}")
 
     def save(step_now, micro_done):
+        full_state = gathered_state_dict(accelerator, module)
         if main:
             trainer_state = {"step": step_now, "micro_batches_done": micro_done,
                              "scheduler": scheduler.state_dict(), "config": config_to_dict(cfg)}
-            save_checkpoint(checkpoints, step_now, accelerator.unwrap_model(module), optimizer.optimizer,
-                            trainer_state, keep=t.keep_checkpoints)
+            # DeepSpeed's ZeRO optimizer state is partitioned across ranks: its checkpoints keep weights,
+            # schedule and data position, and a resumed run restarts the Adam moments.
+            save_checkpoint(checkpoints, step_now, accelerator.unwrap_model(module),
+                            None if uses_deepspeed(accelerator) else optimizer.optimizer,
+                            trainer_state, keep=t.keep_checkpoints, state_dict=full_state)
         accelerator.wait_for_everyone()
 
     parts = len(task.part_names)
@@ -241,7 +337,7 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
                  for k, v in pad_batch([train_examples[i] for i in indices], tokenizer.pad_token_id).items()}
         with accelerator.accumulate(module):
             with accelerator.autocast():
-                loss, per_part = task.loss(module, base, batch, indices)
+                loss, per_part = task.loss(module, base, batch, indices, step)
             if not torch.isfinite(loss):
                 last = latest_checkpoint(checkpoints)
                 accelerator.print(f"non-finite loss ({loss.item()}) at step {step}, micro-batch {micro_index}; "
@@ -249,7 +345,7 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
                 accelerator.end_training()
                 raise SystemExit(1)
             accelerator.backward(loss)
-            if accelerator.sync_gradients and t.max_grad_norm:
+            if accelerator.sync_gradients and t.max_grad_norm and not uses_deepspeed(accelerator):  # DS clips itself
                 accelerator.clip_grad_norm_(module.parameters(), t.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad()
@@ -288,8 +384,11 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
     if run_samples:  # throughput of this process run (a resumed run counts only its own part)
         result["throughput"] = {"samples_per_s": run_samples / train_seconds, "tokens_per_s": run_tokens / train_seconds,
                                 "seconds": train_seconds, "samples": run_samples, "processes": accelerator.num_processes}
+    result["rank_checksums"] = rank_checksums(accelerator, module)
+    full_state = gathered_state_dict(accelerator, module)
     if main:
-        accelerator.unwrap_model(module).save_pretrained(out / "heads", extra=task.final_extra(result))
+        accelerator.unwrap_model(module).save_pretrained(out / "heads", extra=task.final_extra(result),
+                                                         state_dict=full_state)
         (out / "eval.json").write_text(json.dumps(result, indent=2))
         print(f"held-out accuracy of the {task.name} draft (assistant tokens):")
         print(task.format_result(result))
@@ -299,6 +398,8 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
                   f"({tp['samples']} samples in {tp['seconds']:.0f} s)")
         print(f"saved to {out / 'heads'}")
     accelerator.end_training()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # else a second rank can abort at interpreter exit
     return result
 
 

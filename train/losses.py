@@ -7,6 +7,8 @@ the end) carry no loss.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -25,11 +27,24 @@ def shifted_targets(labels: torch.Tensor, num_heads: int) -> torch.Tensor:
     return targets
 
 
-def select_trained_positions(hidden: torch.Tensor, labels: torch.Tensor, num_heads: int):
-    """Keep only positions where some head has a target: hidden [N, H], targets [K, N]."""
+def head_positions(labels: torch.Tensor, num_heads: int):
+    """Positions [B, T] (bool) where some head has a target, and the targets there [K, N]."""
     targets = shifted_targets(labels, num_heads)
     keep = (targets != IGNORE_INDEX).any(dim=0)
-    return hidden[keep], targets[:, keep]
+    return keep, targets[:, keep]
+
+
+def select_trained_positions(hidden: torch.Tensor, labels: torch.Tensor, num_heads: int):
+    """Keep only positions where some head has a target: hidden [N, H], targets [K, N]."""
+    keep, targets = head_positions(labels, num_heads)
+    return hidden[keep], targets
+
+
+def next_token_positions(labels: torch.Tensor):
+    """Positions [B, T] (bool) whose next token is an assistant label, and those labels [N]: the LM loss."""
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+    return keep, labels[:, 1:][keep[:, :-1]]
 
 
 def medusa_loss(logits: torch.Tensor, targets: torch.Tensor, decay: float = 0.8):
@@ -45,6 +60,27 @@ def medusa_loss(logits: torch.Tensor, targets: torch.Tensor, decay: float = 0.8)
     per_head = token_losses.float().sum(-1) / counts
     weights = decay ** torch.arange(1, num_heads + 1, dtype=per_head.dtype, device=per_head.device)
     return (weights * per_head).sum(), per_head
+
+
+def heads_weight_at(step: int, weight: float, warmup_steps: int, schedule: str = "sine") -> float:
+    """Medusa-2's λ(t): rises from 0 to `weight` over `warmup_steps` updates (sine or linear), then stays."""
+    if schedule == "constant" or warmup_steps <= 0 or step >= warmup_steps:
+        return weight
+    fraction = step / warmup_steps
+    return weight * (math.sin(math.pi / 2 * fraction) if schedule == "sine" else fraction)
+
+
+def medusa2_loss(lm_logits, lm_targets, head_logits, head_targets, heads_weight: float, decay: float = 0.8,
+                 teacher_logits=None):
+    """L_base + λ·Σ_k decay^k L_k. L_base is the LM cross-entropy, or with `teacher_logits` (the base without
+    LoRA) KL(teacher ‖ student) per token (self-distillation). Returns (total, [L_base, L_1..L_K])."""
+    if teacher_logits is None:
+        base_loss = F.cross_entropy(lm_logits.float(), lm_targets)
+    else:
+        base_loss = F.kl_div(torch.log_softmax(lm_logits.float(), -1), torch.log_softmax(teacher_logits.float(), -1),
+                             log_target=True, reduction="batchmean")
+    heads_total, per_head = medusa_loss(head_logits, head_targets, decay)
+    return base_loss + heads_weight * heads_total, torch.cat([base_loss.detach().reshape(1), per_head.detach()])
 
 
 @torch.no_grad()

@@ -1,22 +1,31 @@
-"""Train Medusa heads on a frozen base model (Medusa-1).
+"""Train Medusa heads: on a frozen base (Medusa-1) or jointly with a LoRA adapter on the base (Medusa-2).
 
     accelerate launch train/medusa.py --config configs/smollm2-135m.yaml [section.key=value ...] [--resume]
-    python train/medusa.py --config configs/smollm2-135m.yaml
+    python train/medusa.py --config configs/smollm2-135m-medusa2.yaml
 
-Loss: Σ_k 0.8^k · CE(head_k(h_t), x_{t+k+1}) over assistant tokens; the base is frozen
-(eval mode, no grads). The loop, checkpoints and logging are train/loop.py's.
+mode: medusa1 — Σ_k 0.8^k · CE(head_k(h_t), x_{t+k+1}) over assistant tokens; the base is frozen.
+mode: medusa2 — L_base + λ(t)·Σ_k 0.8^k L_k with peft LoRA on the base (section `lora`) and the schedule,
+heads learning-rate multiplier and base loss of section `joint`: L_base is the LM loss on the labels, or
+with `joint.base_loss: distill_kl` KL(base without LoRA ‖ adapted base), for self-distilled data.
+Two-stage recipe: train Medusa-1 heads first, then `joint.init_heads: <their folder>`.
+The held-out LM loss of the base without and with the adapter is reported (quality guard).
+The loop, checkpoints and logging are train/loop.py's.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from specheads.heads import MedusaConfig, MedusaHeads
-from specheads.train.losses import estimated_tau, medusa_loss, select_trained_positions, topk_hits
-from specheads.train.loop import DataSection, ModelSection, TrainSection, heldout_batches, train_main
+from specheads.heads.joint import MedusaWithLoRA, lora_config
+from specheads.train.losses import (estimated_tau, head_positions, heads_weight_at, medusa2_loss, medusa_loss,
+                                    next_token_positions, select_trained_positions, topk_hits)
+from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
 
 
 @dataclass
@@ -27,11 +36,49 @@ class HeadsSection:
 
 
 @dataclass
+class LoraSection:
+    """peft LoRA on the base (medusa2 mode). Defaults: Medusa-2's r=32, α=16, dropout 0.05, attention + MLP."""
+    r: int = 32
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+
+    def validate(self):
+        if self.r < 1 or self.alpha < 1:
+            raise ValueError(f"lora.r and lora.alpha must be >= 1, got r={self.r}, alpha={self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("lora.target_modules must name at least one module")
+
+
+@dataclass
+class JointSection:
+    """The joint loss of medusa2 mode: L_base + λ(t)·Σ_k decay^k L_k."""
+    heads_weight: float = 0.2  # λ0: 0.2 on ground-truth answers, 0.01 with self-distillation (Medusa-2)
+    heads_weight_warmup_steps: int = 0  # λ rises from 0 to λ0 over these updates
+    heads_weight_schedule: Literal["sine", "linear", "constant"] = "sine"
+    heads_lr_multiplier: float = 4.0  # heads learn at lr × this; LoRA at lr
+    base_loss: Literal["lm", "distill_kl"] = "lm"  # distill_kl: KL(base without LoRA ‖ adapted base)
+    init_heads: str | None = None  # stage 2 of the two-stage recipe: start from these Medusa-1 heads
+
+    def validate(self):
+        if self.heads_weight < 0 or self.heads_weight_warmup_steps < 0:
+            raise ValueError("joint.heads_weight and joint.heads_weight_warmup_steps must be >= 0")
+        if self.heads_lr_multiplier <= 0:
+            raise ValueError(f"joint.heads_lr_multiplier must be > 0, got {self.heads_lr_multiplier}")
+
+
+@dataclass
 class MedusaTrainConfig:
+    mode: Literal["medusa1", "medusa2"] = "medusa1"
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     heads: HeadsSection = field(default_factory=HeadsSection)
     train: TrainSection = field(default_factory=TrainSection)
+    lora: LoraSection = field(default_factory=LoraSection)  # medusa2 only
+    joint: JointSection = field(default_factory=JointSection)  # medusa2 only
 
 
 def base_hidden_states(base, batch):
@@ -64,7 +111,7 @@ def accuracy_result(counts: torch.Tensor) -> dict:
     return {"top1": top1, "top5": top5, "tokens": counts[:, 2].tolist(), "estimated_tau": estimated_tau(top1)}
 
 
-class MedusaTask:
+class MedusaTask(DraftTask):
     name = "medusa"
 
     def __init__(self, cfg: MedusaTrainConfig):
@@ -80,7 +127,7 @@ class MedusaTask:
     def load(self, directory, base):
         return MedusaHeads.from_pretrained(directory, base)
 
-    def loss(self, heads, base, batch, indices):
+    def loss(self, heads, base, batch, indices, step):
         hidden, targets = select_trained_positions(base_hidden_states(base, batch), batch["labels"],
                                                    self.cfg.heads.num_heads)
         return medusa_loss(heads(hidden, base.get_output_embeddings()), targets, self.cfg.train.head_loss_decay)
@@ -105,8 +152,91 @@ class MedusaTask:
         return {"heldout_accuracy": {key: result[key] for key in ("top1", "top5", "tokens", "estimated_tau")}}
 
 
+class Medusa2Task(MedusaTask):
+    """Heads and a LoRA adapter on the base, trained together (the module is MedusaWithLoRA)."""
+
+    name = "medusa2"
+
+    def __init__(self, cfg: MedusaTrainConfig):
+        super().__init__(cfg)
+        self.part_names = ["base"] + self.part_names
+
+    def build(self, base, tokenizer, examples):
+        from peft import get_peft_model
+
+        heads = super().build(base, tokenizer, examples)
+        if self.cfg.joint.init_heads:
+            heads.load_state_dict(MedusaHeads.from_pretrained(self.cfg.joint.init_heads, base).state_dict())
+        lora = self.cfg.lora
+        missing = [m for m in lora.target_modules if not any(n.endswith("." + m) for n, _ in base.named_modules())]
+        if missing:
+            raise SystemExit(f"lora.target_modules: {base.config.model_type} has no modules named {missing}")
+        peft_base = get_peft_model(base, lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules))
+        return MedusaWithLoRA(peft_base, heads)
+
+    def restore(self, module, directory, base):
+        module.load_trained(directory)
+
+    def param_groups(self, module, lr):
+        lora, heads = module.trainable_parameters()
+        return [{"params": lora, "lr": lr}, {"params": heads, "lr": lr * self.cfg.joint.heads_lr_multiplier}]
+
+    def loss(self, module, base, batch, indices, step):
+        j, num_heads = self.cfg.joint, self.cfg.heads.num_heads
+        lm_at, lm_targets = next_token_positions(batch["labels"])
+        heads_at, head_targets = head_positions(batch["labels"], num_heads)
+        out = module(batch["input_ids"], batch["attention_mask"], lm_at, heads_at, teacher=j.base_loss == "distill_kl")
+        weight = heads_weight_at(step, j.heads_weight, j.heads_weight_warmup_steps, j.heads_weight_schedule)
+        return medusa2_loss(out["lm_logits"], lm_targets, out["head_logits"], head_targets, weight,
+                            self.cfg.train.head_loss_decay, out.get("teacher_logits"))
+
+    @torch.no_grad()
+    def evaluate(self, module, base, examples, pad_token_id, batch_size, accelerator) -> dict:
+        """Per-head accuracy on the adapted base, and the held-out LM loss without / with the adapter."""
+        model = accelerator.unwrap_model(module)
+        model.eval()
+        num_heads = self.cfg.heads.num_heads
+        counts = torch.zeros(num_heads, 3, dtype=torch.float64, device=accelerator.device)
+        lm = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sums before, after; tokens
+        lm_head = model.base.get_output_embeddings()
+        for batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
+            lm_at, lm_targets = next_token_positions(batch["labels"])
+            with accelerator.autocast():
+                for i, adapter in enumerate((False, True)):
+                    hidden = model.hidden_states(batch["input_ids"], batch["attention_mask"], adapter=adapter)
+                    lm[i] += F.cross_entropy(lm_head(hidden[lm_at]).float(), lm_targets, reduction="sum").double()
+                hidden, targets = select_trained_positions(hidden, batch["labels"], num_heads)
+                counts += topk_hits(model.heads(hidden, lm_head), targets).to(counts.device)
+            lm[2] += lm_targets.numel()
+        model.train()
+        result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
+        before, after, tokens = accelerator.reduce(lm, reduction="sum").tolist()
+        result.update(lm_loss_before=before / max(tokens, 1), lm_loss_after=after / max(tokens, 1))
+        return result
+
+    @staticmethod
+    def format_result(result: dict) -> str:
+        return (format_accuracy(result) + f"\nheld-out LM loss of the base: {result['lm_loss_before']:.4f} without "
+                f"the adapter, {result['lm_loss_after']:.4f} with it")
+
+    @staticmethod
+    def eval_logs(result: dict) -> dict:
+        return {**accuracy_logs(result), "eval/lm_loss_before": result["lm_loss_before"],
+                "eval/lm_loss_after": result["lm_loss_after"]}
+
+    @staticmethod
+    def final_extra(result: dict) -> dict:
+        return {**MedusaTask.final_extra(result),
+                "quality_guard": {"heldout_lm_loss_before": result["lm_loss_before"],
+                                  "heldout_lm_loss_after": result["lm_loss_after"]}}
+
+
+def make_task(cfg: MedusaTrainConfig):
+    return Medusa2Task(cfg) if cfg.mode == "medusa2" else MedusaTask(cfg)
+
+
 def main(argv=None) -> int:
-    return train_main(MedusaTrainConfig, MedusaTask, argv, __doc__)
+    return train_main(MedusaTrainConfig, make_task, argv, __doc__)
 
 
 if __name__ == "__main__":
