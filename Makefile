@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup demo eagle distill test test-slow clean
+.PHONY: setup demo eagle medusa2 distill test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,20 @@ eagle: setup
 		--eagle-heads runs/smollm2-135m-eagle1/heads,runs/smollm2-135m-eagle3/heads \
 		--questions data/questions/sharegpt-dev.jsonl --methods baseline,prompt_lookup,medusa,eagle2,eagle3 \
 		--temperature 0 --max-new-tokens 128 --max-questions 20 --out runs/bench-eagle
+
+# Medusa-1 on ShareGPT's original answers vs Medusa-1 on self-distilled answers (the demo's heads) vs Medusa-2
+# (the demo's heads trained on jointly with a LoRA adapter), each with its own tree, in one benchmark run.
+# Needs `make demo` first; ~8 min + ~35 min of training on 2 cores.
+M1_SHAREGPT := runs/smollm2-135m-medusa1-sharegpt
+M2 := runs/smollm2-135m-medusa2
+medusa2: setup
+	$(BIN)/python train/medusa.py --config configs/smollm2-135m-sharegpt.yaml --resume
+	$(BIN)/python train/medusa.py --config configs/smollm2-135m-medusa2.yaml --resume
+	$(BIN)/python scripts/build_tree.py --heads $(M1_SHAREGPT)/heads --prompts 16
+	$(BIN)/python scripts/build_tree.py --heads $(M2)/heads --prompts 16
+	$(BIN)/python scripts/bench.py --heads sharegpt=$(M1_SHAREGPT)/heads,distilled=$(RUN)/heads,medusa2=$(M2)/heads \
+		--questions data/questions/sharegpt-dev.jsonl --methods baseline,prompt_lookup,medusa --temperature 0 \
+		--max-new-tokens 128 --max-questions 20 --out runs/bench-medusa2
 
 # Regenerate the self-distilled training data of the demo (SmolLM2's own answers; ~15 minutes).
 DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl

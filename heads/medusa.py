@@ -84,9 +84,15 @@ class MedusaHeads(nn.Module):
         for lm_head in self.lm_heads:
             lm_head.weight.copy_(base_lm_head.weight.to(lm_head.weight.dtype))
 
-    def forward(self, hidden_states: torch.Tensor, base_lm_head: nn.Module | None = None) -> torch.Tensor:
-        """hidden_states [..., H] -> logits [K, ..., V]."""
+    def forward(self, hidden_states: torch.Tensor, base_lm_head: nn.Module | None = None,
+                project: bool = True) -> torch.Tensor:
+        """hidden_states [..., H] -> logits [K, ..., V] (project=False: each head's hidden state [K, ..., H],
+        for a loss that projects them to the vocabulary a chunk at a time)."""
         transformed = torch.stack([blocks(hidden_states) for blocks in self.blocks])  # [K, ..., H]
+        return self.project(transformed, base_lm_head) if project else transformed
+
+    def project(self, transformed: torch.Tensor, base_lm_head: nn.Module | None = None) -> torch.Tensor:
+        """Each head's hidden state [K, ..., H] -> its logits [K, ..., V]."""
         if self.lm_heads is not None:
             return torch.stack([lm_head(x) for lm_head, x in zip(self.lm_heads, transformed)])
         if base_lm_head is None:

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -223,7 +224,8 @@ def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
     from specheads.data.tokenization import pad_batch, tokenize_conversation
     from specheads.data.sharegpt import normalise
     from specheads.train.config import load_config
-    from specheads.train.eagle import EagleTrainConfig, FeatureSource
+    from specheads.train.eagle import EagleTrainConfig
+    from specheads.train.features import FeatureSource
 
     config = tmp_path / "c.yaml"
     config.write_text(f"model: {{name: {tiny_llama_dir}, dtype: fp32}}\neagle: {{cache_dir: {tmp_path / 'cache'}}}\n")
@@ -232,7 +234,10 @@ def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
     tokenizer = load_tokenizer(cfg.model.name)
     examples = [tokenize_conversation(tokenizer, normalise(r, i).messages, 64) for i, r in enumerate(synthetic_sharegpt(3))]
     batch = pad_batch(examples, tokenizer.pad_token_id)
-    cached = FeatureSource(base, cfg, [0, 1], "train")
+    def source(cfg):
+        return FeatureSource(base, cfg.model.name, asdict(cfg.data), [0, 1], "train", cfg.eagle.cache_dir)
+
+    cached = source(cfg)
     first = cached(batch, [0, 1, 2])  # computes and writes
     again = cached(batch, [0, 1, 2])  # reads back (bf16 on disk)
     lengths = batch["attention_mask"].sum(1)
@@ -240,7 +245,13 @@ def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
         torch.testing.assert_close(again[1][row, :n], first[1][row, :n], atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(again[0][:, row, :n], first[0][:, row, :n], atol=2e-2, rtol=2e-2)
     cfg.data.max_length = 99  # other data settings -> another cache folder, never the stale one
-    assert FeatureSource(base, cfg, [0, 1], "train").directory != cached.directory
+    assert source(cfg).directory != cached.directory
+    # Medusa reads only the last state (no layer stack); a different layer list is a different cache
+    medusa = FeatureSource(base, cfg.model.name, asdict(cfg.data), [], "train", cfg.eagle.cache_dir)
+    assert medusa.directory != cached.directory
+    medusa_last, online_last = medusa(batch, [0, 1, 2])[1], cached._compute(batch)[1]
+    for row, n in enumerate(lengths.tolist()):  # padding is zeros in the cache
+        torch.testing.assert_close(medusa_last[row, :n], online_last[row, :n], atol=2e-2, rtol=2e-2)
 
 
 def test_eagle_merged_with_prompt_lookup_is_lossless():

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from specheads.train.losses import estimated_tau, medusa_loss, select_trained_positions, shifted_targets, topk_hits
+from specheads.train.losses import chunked_medusa_loss, estimated_tau, medusa_loss, select_trained_positions, shifted_targets, topk_hits
 
 I = -100
 
@@ -64,3 +64,26 @@ def test_loss_falls_when_training_heads():
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.85 * first
+
+
+def test_chunked_loss_equals_whole_loss_values_and_gradients():
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    for own_lm_head in (False, True):
+        heads = MedusaHeads(MedusaConfig(num_heads=3, hidden_size=8, vocab_size=50, own_lm_head=own_lm_head))
+        for p in heads.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+        lm_head = torch.nn.Linear(8, 50, bias=False)
+        hidden = torch.randn(37, 8)
+        targets = torch.randint(0, 50, (3, 37))
+        targets[2, 30:] = -100  # the last head has no target near the end
+        whole, whole_parts = medusa_loss(heads(hidden, lm_head), targets, 0.8)
+        whole_grads = torch.autograd.grad(whole, list(heads.parameters()))
+        chunked, parts = chunked_medusa_loss(heads(hidden, lm_head, project=False), lambda x: heads.project(x, lm_head),
+                                             targets, 0.8, chunk=10)
+        grads = torch.autograd.grad(chunked, list(heads.parameters()))
+        torch.testing.assert_close(chunked, whole)
+        torch.testing.assert_close(parts, whole_parts)
+        for got, expected in zip(grads, whole_grads):
+            torch.testing.assert_close(got, expected)

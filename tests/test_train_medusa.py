@@ -148,3 +148,21 @@ def test_accelerate_launch_entry_point(run_config, tmp_path):
                             capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "run" / "heads" / "model.safetensors").is_file()
+
+
+def test_cached_hidden_states_and_chunked_loss(run_config, tmp_path):
+    """The chunked loss trains the same heads; epoch 2 reads the states cached in epoch 1 (one file per example)."""
+    cache = tmp_path / "cache"
+    runs = {"online": [], "chunked": ["heads.loss_chunk=16"],
+            "cached": ["heads.loss_chunk=16", "heads.cache_hidden_states=true", f"heads.cache_dir={cache}"]}
+    for name, extra in runs.items():
+        run_training(run_config, "train.output_dir=" + str(tmp_path / name), "train.max_steps=8", *extra)
+    files = {p.name.split("-")[0]: len(list(p.glob("*.safetensors"))) for p in cache.iterdir()}
+    assert files == {"train": 32, "heldout": 8}  # 8 updates x 4 x grad_accum 2 = 2 epochs of 32: each computed once
+    online, chunked, cached = (heads_tensors(tmp_path / name) for name in runs)
+    for name in online:
+        torch.testing.assert_close(chunked[name], online[name], rtol=1e-4, atol=1e-5)
+        # bf16 states on disk: close, not equal
+        assert (cached[name] - online[name]).norm() <= 0.05 * online[name].norm() + 1e-6, name
+    refused = run_training(run_config, "mode=medusa2", "heads.cache_hidden_states=true", check=False)
+    assert refused.returncode != 0 and "needs a frozen base" in refused.stderr

@@ -13,21 +13,18 @@ and settings (eagle.cache_features) so later epochs skip the base forward.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from specheads.data.models import cache_root
 from specheads.data.tokenization import IGNORE_INDEX
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
+from specheads.train.features import FeatureSource
 from specheads.train.losses import soft_cross_entropy, unrolled_step_mask
 from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
 from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
@@ -59,67 +56,6 @@ class EagleTrainConfig:
     data: DataSection = field(default_factory=DataSection)
     eagle: EagleSection = field(default_factory=EagleSection)
     train: TrainSection = field(default_factory=TrainSection)
-
-
-# ---- the base's features -------------------------------------------------------------------
-
-class FeatureSource:
-    """The frozen base's hidden states for a batch: the draft's input layers and the last one.
-
-    With caching, each example's states are written once (bf16 safetensors, atomically) under a folder
-    named by a hash of everything that determines them, so a cache is never reused for another model,
-    dataset or setting. Cached and online states are the same numbers (both come from this code)."""
-
-    def __init__(self, base, cfg: EagleTrainConfig, layers: list[int], split: str):
-        self.base, self.layers = base, layers
-        self.directory = None
-        if cfg.eagle.cache_features:
-            key = {"model": cfg.model.name, "model_dtype": str(base.dtype),
-                   "model_files": str(getattr(base.config, "_name_or_path", "")), "data": asdict(cfg.data),
-                   "layers": layers, "split": split, "format": 1}
-            digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-            root = Path(cfg.eagle.cache_dir) if cfg.eagle.cache_dir else cache_root() / "features"
-            self.directory = root / f"{split}-{digest}"
-            self.directory.mkdir(parents=True, exist_ok=True)
-            (self.directory / "key.json").write_text(json.dumps(key, indent=2))
-
-    def _path(self, index: int) -> Path:
-        return self.directory / f"{index:07d}.safetensors"
-
-    @torch.no_grad()
-    def _compute(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                      output_hidden_states=True)
-        states = out.hidden_states
-        last = states[-1]
-        if not self.layers:  # EAGLE-1 reads the last hidden state only
-            return last.new_zeros((0, *last.shape)), last
-        return torch.stack([states[i] for i in self.layers]), last
-
-    def __call__(self, batch, indices) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> input states [len(layers), B, T, H], last hidden state [B, T, H] (both the base's dtype)."""
-        if self.directory is None:
-            return self._compute(batch)
-        if not all(self._path(i).is_file() for i in indices):
-            inputs, last = self._compute(batch)
-            lengths = batch["attention_mask"].sum(1).tolist()
-            for row, (index, n) in enumerate(zip(indices, lengths)):
-                tmp = self._path(index).with_suffix(".tmp")
-                save_file({"inputs": inputs[:, row, :n].to(torch.bfloat16).contiguous().cpu(),
-                           "last": last[row, :n].to(torch.bfloat16).contiguous().cpu()}, str(tmp))
-                os.replace(tmp, self._path(index))
-        length = batch["input_ids"].shape[1]
-        inputs, lasts = [], []
-        for index in indices:
-            try:
-                stored = load_file(str(self._path(index)))
-            except Exception as err:
-                raise ValueError(f"feature cache file {self._path(index)} is unreadable ({err}); delete it") from err
-            pad = length - stored["last"].shape[0]
-            inputs.append(F.pad(stored["inputs"], (0, 0, 0, pad)))
-            lasts.append(F.pad(stored["last"], (0, 0, 0, pad)))
-        device, dtype = batch["input_ids"].device, self.base.dtype
-        return torch.stack(inputs, 1).to(device, dtype), torch.stack(lasts).to(device, dtype)
 
 
 # ---- the unrolled draft ----------------------------------------------------------------------
@@ -180,7 +116,10 @@ class EagleTask(DraftTask):
 
     def _features(self, base, split):
         if split not in self.sources:
-            self.sources[split] = FeatureSource(base, self.cfg, self._layers(base), split)
+            e = self.cfg.eagle
+            cache = (Path(e.cache_dir) if e.cache_dir else cache_root() / "features") if e.cache_features else None
+            self.sources[split] = FeatureSource(base, self.cfg.model.name, asdict(self.cfg.data), self._layers(base),
+                                                split, cache)
         return self.sources[split]
 
     def build(self, base, tokenizer, examples):

@@ -62,6 +62,32 @@ def medusa_loss(logits: torch.Tensor, targets: torch.Tensor, decay: float = 0.8)
     return (weights * per_head).sum(), per_head
 
 
+def _head_loss_sums(transformed, targets, project) -> torch.Tensor:
+    logits = project(transformed)
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                             reduction="none")
+    return losses.view(targets.shape).float().sum(-1)
+
+
+def chunked_medusa_loss(transformed: torch.Tensor, project, targets: torch.Tensor, decay: float = 0.8,
+                        chunk: int = 1024):
+    """medusa_loss(project(transformed), targets), holding at most K × chunk × V logits at a time.
+
+    transformed: each head's hidden state [K, N, H]; project: [K, n, H] -> logits [K, n, V]. Each chunk's
+    logits are freed after its loss and recomputed in backward (activation checkpointing), so memory no
+    longer grows with K × sequence × vocabulary; the price is one more lm_head matmul per chunk."""
+    from torch.utils.checkpoint import checkpoint
+
+    num_heads, positions = targets.shape
+    sums = torch.zeros(num_heads, dtype=torch.float32, device=transformed.device)
+    for start in range(0, positions, chunk):
+        sums = sums + checkpoint(_head_loss_sums, transformed[:, start:start + chunk], targets[:, start:start + chunk],
+                                 project, use_reentrant=False)
+    per_head = sums / (targets != IGNORE_INDEX).sum(-1).clamp(min=1)
+    weights = decay ** torch.arange(1, num_heads + 1, dtype=per_head.dtype, device=per_head.device)
+    return (weights * per_head).sum(), per_head
+
+
 def heads_weight_at(step: int, weight: float, warmup_steps: int, schedule: str = "sine") -> float:
     """Medusa-2's λ(t): rises from 0 to `weight` over `warmup_steps` updates (sine or linear), then stays."""
     if schedule == "constant" or warmup_steps <= 0 or step >= warmup_steps:

@@ -15,15 +15,18 @@ The loop, checkpoints and logging are train/loop.py's.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from specheads.data.models import cache_root
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.heads.joint import MedusaWithLoRA, lora_config
-from specheads.train.losses import (estimated_tau, head_positions, heads_weight_at, medusa2_loss, medusa_loss,
+from specheads.train.features import FeatureSource
+from specheads.train.losses import (chunked_medusa_loss, estimated_tau, head_positions, heads_weight_at, medusa2_loss, medusa_loss,
                                     next_token_positions, select_trained_positions, topk_hits)
 from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
 
@@ -33,6 +36,13 @@ class HeadsSection:
     num_heads: int = 4
     num_layers: int = 1
     own_lm_head: bool = False
+    loss_chunk: int = 0  # positions per chunk of the heads' loss (K × chunk × V logits at once); 0: all at once
+    cache_hidden_states: bool = False  # medusa1: store the frozen base's states once, later epochs skip its forward
+    cache_dir: str = ""  # default: <specheads cache>/features
+
+    def validate(self):
+        if self.loss_chunk < 0:
+            raise ValueError(f"heads.loss_chunk must be >= 0, got {self.loss_chunk}")
 
 
 @dataclass
@@ -80,6 +90,10 @@ class MedusaTrainConfig:
     lora: LoraSection = field(default_factory=LoraSection)  # medusa2 only
     joint: JointSection = field(default_factory=JointSection)  # medusa2 only
 
+    def validate(self):
+        if self.mode == "medusa2" and self.heads.cache_hidden_states:
+            raise ValueError("heads.cache_hidden_states needs a frozen base (mode medusa1): LoRA changes the states")
+
 
 def base_hidden_states(base, batch):
     """The frozen base's last hidden state (lm_head input), without building a graph."""
@@ -117,6 +131,7 @@ class MedusaTask(DraftTask):
     def __init__(self, cfg: MedusaTrainConfig):
         self.cfg = cfg
         self.part_names = [f"head{k + 1}" for k in range(cfg.heads.num_heads)]
+        self.sources = {}  # split -> FeatureSource (cached base states)
 
     def build(self, base, tokenizer, examples):
         h = self.cfg.heads
@@ -127,10 +142,25 @@ class MedusaTask(DraftTask):
     def load(self, directory, base):
         return MedusaHeads.from_pretrained(directory, base)
 
+    def hidden_states(self, base, batch, indices, split: str) -> torch.Tensor:
+        """The base's last hidden state for these examples: from the cache when enabled, else a forward."""
+        h = self.cfg.heads
+        if not h.cache_hidden_states:
+            return base_hidden_states(base, batch)
+        if split not in self.sources:
+            cache = Path(h.cache_dir) if h.cache_dir else cache_root() / "features"
+            self.sources[split] = FeatureSource(base, self.cfg.model.name, asdict(self.cfg.data), [], split, cache)
+        return self.sources[split](batch, indices)[1]
+
     def loss(self, heads, base, batch, indices, step):
-        hidden, targets = select_trained_positions(base_hidden_states(base, batch), batch["labels"],
+        hidden, targets = select_trained_positions(self.hidden_states(base, batch, indices, "train"), batch["labels"],
                                                    self.cfg.heads.num_heads)
-        return medusa_loss(heads(hidden, base.get_output_embeddings()), targets, self.cfg.train.head_loss_decay)
+        lm_head, decay, chunk = base.get_output_embeddings(), self.cfg.train.head_loss_decay, self.cfg.heads.loss_chunk
+        if chunk:
+            unwrapped = getattr(heads, "module", heads)  # DDP / DeepSpeed wrap the heads
+            return chunked_medusa_loss(heads(hidden, lm_head, project=False),
+                                       lambda x: unwrapped.project(x, lm_head), targets, decay, chunk)
+        return medusa_loss(heads(hidden, lm_head), targets, decay)
 
     @torch.no_grad()
     def evaluate(self, heads, base, examples, pad_token_id, batch_size, accelerator) -> dict:
@@ -138,8 +168,13 @@ class MedusaTask(DraftTask):
         heads.eval()
         num_heads = self.cfg.heads.num_heads
         counts = torch.zeros(num_heads, 3, dtype=torch.float64, device=accelerator.device)
+        first = 0
         for batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
-            hidden, targets = select_trained_positions(base_hidden_states(base, batch), batch["labels"], num_heads)
+            rows = range(first, first + batch["input_ids"].shape[0])
+            first += len(rows)
+            indices = [accelerator.process_index + i * accelerator.num_processes for i in rows]  # this rank's share
+            hidden, targets = select_trained_positions(self.hidden_states(base, batch, indices, "heldout"),
+                                                       batch["labels"], num_heads)
             counts += topk_hits(heads(hidden, base.get_output_embeddings()), targets).to(counts.device)
         heads.train()
         return accuracy_result(accelerator.reduce(counts, reduction="sum"))

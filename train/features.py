@@ -1,0 +1,73 @@
+"""The frozen base's hidden states for training batches, computed once and cached on disk.
+
+A frozen base gives the same states every epoch, so a draft trainer (Medusa-1 heads, EAGLE drafts) can
+store them per example (bf16 safetensors, written atomically) and skip the base forward afterwards. The
+cache folder is named by a hash of everything that determines the states — model name, dtype and files,
+all data settings, the layers kept, the split — so a cache is never reused for another model, dataset or
+setting. Cached and online states come from the same code (read back in bf16).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+
+class FeatureSource:
+    """Hidden states of the layers `layers` (inputs of those decoder layers) and the last one (post-norm)."""
+
+    def __init__(self, base, model_name: str, data_settings: dict, layers: list[int], split: str,
+                 cache_dir: str | Path | None = None):
+        self.base, self.layers = base, layers
+        self.directory = None
+        if cache_dir is not None:
+            key = {"model": model_name, "model_dtype": str(base.dtype),
+                   "model_files": str(getattr(base.config, "_name_or_path", "")), "data": data_settings,
+                   "layers": layers, "split": split, "format": 1}
+            digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+            self.directory = Path(cache_dir) / f"{split}-{digest}"
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / "key.json").write_text(json.dumps(key, indent=2))
+
+    def _path(self, index: int) -> Path:
+        return self.directory / f"{index:07d}.safetensors"
+
+    @torch.no_grad()
+    def _compute(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      output_hidden_states=bool(self.layers))
+        last = out.last_hidden_state
+        if not self.layers:  # Medusa and EAGLE-1 read the last hidden state only
+            return last.new_zeros((0, *last.shape)), last
+        return torch.stack([out.hidden_states[i] for i in self.layers]), last
+
+    def __call__(self, batch, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> states of `layers` [len(layers), B, T, H], last hidden state [B, T, H] (both the base's dtype)."""
+        if self.directory is None:
+            return self._compute(batch)
+        if not all(self._path(i).is_file() for i in indices):
+            inputs, last = self._compute(batch)
+            lengths = batch["attention_mask"].sum(1).tolist()
+            for row, (index, n) in enumerate(zip(indices, lengths)):
+                tmp = self._path(index).with_suffix(".tmp")
+                save_file({"inputs": inputs[:, row, :n].to(torch.bfloat16).contiguous().cpu(),
+                           "last": last[row, :n].to(torch.bfloat16).contiguous().cpu()}, str(tmp))
+                os.replace(tmp, self._path(index))
+        length = batch["input_ids"].shape[1]
+        inputs, lasts = [], []
+        for index in indices:
+            try:
+                stored = load_file(str(self._path(index)))
+            except Exception as err:
+                raise ValueError(f"feature cache file {self._path(index)} is unreadable ({err}); delete it") from err
+            pad = length - stored["last"].shape[0]
+            inputs.append(F.pad(stored["inputs"], (0, 0, 0, pad)))
+            lasts.append(F.pad(stored["last"], (0, 0, 0, pad)))
+        device, dtype = batch["input_ids"].device, self.base.dtype
+        return torch.stack(inputs, 1).to(device, dtype), torch.stack(lasts).to(device, dtype)
