@@ -18,6 +18,11 @@ self-draft as assistant_model, HF's default assistant schedule), hf_prompt_looku
 Questions are JSONL {question_id, category, turns}; each turn is answered in order, the method's own
 answers fed back. τ = new tokens / base forwards (counted with a forward hook, for every method).
 Writes OUT/results.json, OUT/results.md and OUT/results.png.
+
+--batch-size B: throughput mode. The questions' first turns are decoded B at a time (greedy): baseline is
+HF batched `generate` (left padding), plain / medusa / pld our batched decoder (inference/batched.py), each
+row at its own pace. Reported per method: total new tokens / total seconds, τ per row, speedup vs the HF
+batch, and greedy match per row against it. Writes OUT/results.json and OUT/results.md.
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-questions", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="throughput mode: decode first turns B at a time (methods baseline, plain, medusa, pld)")
     parser.add_argument("--out", default="runs/bench")
     return parser.parse_args(argv)
 
@@ -314,6 +321,96 @@ def load_eagle_drafts(args, methods, model) -> dict:
     return {m: by_variant[EAGLE_METHODS[m]] for m in wanted}
 
 
+BATCHED_METHODS = ("baseline", "plain", "medusa", "pld")
+
+
+def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, eos: list[int]):
+    """HF batched greedy `generate` on left-padded prompts; each row cut after its first EOS."""
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    with torch.inference_mode():
+        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=max_new_tokens,
+                             do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos,
+                             pad_token_id=pad)[:, width:].tolist()
+    rows = []
+    for row in out:
+        stop = next((i for i, t in enumerate(row) if t in eos), None)
+        rows.append(row if stop is None else row[: stop + 1])
+    return rows
+
+
+def run_batched(args, model, tokenizer, heads, methods, questions) -> dict:
+    """Throughput of decoding the first turns B at a time, every method on the same batches."""
+    from specheads.inference.batched import BatchedTreeDecoder
+
+    unknown = [m for m in methods if m not in BATCHED_METHODS]
+    if unknown or args.temperature != 0:
+        raise SystemExit(f"--batch-size: greedy (T=0) methods {', '.join(BATCHED_METHODS)} only (got {', '.join(methods)}, "
+                         f"T={args.temperature})")
+    eos = eos_token_ids(model, tokenizer)
+    tree = json.loads(args.tree) if args.tree else None
+    decoders = {"plain": BatchedTreeDecoder(model),
+                "pld": BatchedTreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens))}
+    if heads:
+        if len(heads) > 1 or next(iter(heads.values()))[0] is not model:
+            raise SystemExit("--batch-size: one plain heads folder (a Medusa-2 folder: use its merged export)")
+        decoders["medusa"] = BatchedTreeDecoder(model, next(iter(heads.values()))[1], tree)
+    prompts = [chat_input_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}])[0].tolist() for q in questions]
+    batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
+
+    def run(method, batch):
+        start = time.perf_counter()
+        if method == "baseline":
+            rows, row_forwards = hf_generate_batch(model, tokenizer, batch, args.max_new_tokens, eos), None
+        else:
+            decoder = decoders[method]
+            rows = decoder.generate(batch, args.max_new_tokens, eos, pad_token_id=tokenizer.pad_token_id or 0)
+            row_forwards = decoder.row_forwards
+        return rows, time.perf_counter() - start, row_forwards
+
+    for method in methods:  # warm-up
+        run(method, batches[0][:2])
+    totals = {m: {"tokens": 0, "seconds": 0.0, "row_forwards": 0, "same": 0, "rows": []} for m in methods}
+    for batch in tqdm(batches, desc=f"batches of {args.batch_size}"):
+        for method in methods:  # interleaved, so machine noise hits every method alike
+            rows, seconds, row_forwards = run(method, batch)
+            t = totals[method]
+            t["tokens"] += sum(len(r) for r in rows)
+            t["seconds"] += seconds
+            t["row_forwards"] += row_forwards or 0
+            t["rows"].extend(rows)
+    base = totals["baseline"]
+    results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:]), "model": args.model, "heads": args.heads,
+               "dtype": str(model.dtype), "temperature": 0.0, "max_new_tokens": args.max_new_tokens,
+               "batch_size": args.batch_size, "questions": len(prompts), "machine": machine(),
+               "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {}}
+    lines = [f"Model {args.model} ({model.dtype}), batch {args.batch_size}, greedy, max {args.max_new_tokens} new tokens, "
+             f"{len(prompts)} first turns; {results['date']}, {results['machine']}.", "",
+             "| method | total tokens/s | τ per row | speedup | greedy match |", "|---|---:|---:|---:|---:|"]
+    for method in methods:
+        t = totals[method]
+        tps = t["tokens"] / t["seconds"]
+        summary = {"tokens_per_s": tps, "new_tokens": t["tokens"], "seconds": t["seconds"],
+                   "speedup": tps / (base["tokens"] / base["seconds"]),
+                   "greedy_match": sum(a == b for a, b in zip(t["rows"], base["rows"])) / len(prompts)}
+        if t["row_forwards"]:
+            summary["tau"] = t["tokens"] / t["row_forwards"]
+        results["methods"][method] = {"overall": summary}
+        tau = f"{summary['tau']:.2f}" if "tau" in summary else "–"
+        lines.append(f"| {method} | {tps:.1f} | {tau} | {summary['speedup']:.2f}x | {summary['greedy_match']:.2f} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print((out / "results.md").read_text())
+    return results
+
+
 def main(argv=None):
     args = parse_args(argv)
     methods = args.methods.split(",")
@@ -333,10 +430,12 @@ def main(argv=None):
             methods = [n for m in methods for n in (heads if m == "medusa" else [m])]
         methods += [own_baseline(m) for m, (target, _) in heads.items()
                     if target is not model and m in methods]
-    runner = Runner(args, model, tokenizer, heads, load_eagle_drafts(args, methods, model))
     questions = load_questions(args.questions, args.max_questions)
     if "baseline" not in methods:
         methods = ["baseline"] + methods  # speedup is always against HF greedy in the same run
+    if args.batch_size:
+        return run_batched(args, model, tokenizer, heads, methods, questions)
+    runner = Runner(args, model, tokenizer, heads, load_eagle_drafts(args, methods, model))
 
     for method in methods:  # warm-up: first calls allocate and tune kernels
         runner.run_question(method, {**questions[0], "turns": questions[0]["turns"][:1]})

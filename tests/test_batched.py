@@ -1,0 +1,92 @@
+"""Batched decoding: every row equals HF's batched greedy `generate` (fp64, three architectures)."""
+
+import pytest
+import torch
+
+from test_decoder import TREE, VOCAB, fitted_heads, tiny_model
+
+from specheads.inference.batched import BatchedTreeDecoder
+from specheads.inference.candidates import PromptLookupCandidates
+from specheads.inference.generate import make_decoder
+
+
+def hf_batched_greedy(model, prompts, max_new_tokens, eos=2):
+    """HF `generate` on the left-padded batch; each row's new tokens up to and including its first EOS."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                         pad_token_id=0)[:, width:].tolist()
+    return [row[: row.index(eos) + 1] if eos in row else row for row in out]
+
+
+def prompts_of(lengths, seed):
+    torch.manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,)).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_batched_medusa_equals_hf_batched_greedy_fp64(arch):
+    model = tiny_model(arch)
+    decoder = BatchedTreeDecoder(model, fitted_heads(model), TREE)
+    for case in range(3):
+        prompts = prompts_of([5, 11, 7, 16, 3][: 2 + case], 200 + case)
+        assert decoder.generate(prompts, 40, eos_token_ids=[2]) == hf_batched_greedy(model, prompts, 40), case
+    new = sum(len(r) for r in decoder.generate(prompts, 40, eos_token_ids=[2]))
+    assert new > 1.3 * decoder.base_forwards, "drafted tokens must be accepted, not only bonus tokens"
+
+
+def test_batched_plain_and_prompt_lookup_rows_leave_early():
+    model = tiny_model("llama")
+    prompts = prompts_of([4, 9, 6, 12], 300)
+    prompts[1] = prompts[1] + prompts[1]  # something to look up
+    expected = hf_batched_greedy(model, prompts, 30)
+    assert BatchedTreeDecoder(model).generate(prompts, 30, eos_token_ids=[2]) == expected
+    lookup = BatchedTreeDecoder(model, candidates=PromptLookupCandidates(3, 6))
+    assert lookup.generate(prompts, 30, eos_token_ids=[2]) == expected
+    # a budget that ends inside accepted blocks, and a row that stops at EOS before the others
+    assert lookup.generate(prompts, 7, eos_token_ids=[2]) == hf_batched_greedy(model, prompts, 7)
+    # a row that stops at EOS while the others go on: call a token row 0 says early "EOS"
+    eos = expected[0][5]
+    stopped = hf_batched_greedy(model, prompts, 30, eos=eos)
+    assert len({len(row) for row in stopped}) > 1 and min(len(row) for row in stopped) <= 6
+    assert lookup.generate(prompts, 30, eos_token_ids=[eos]) == stopped
+
+
+def test_batched_refuses_stateful_sources():
+    from test_eagle import deep_tiny_model, fitted_draft
+
+    model = deep_tiny_model("llama")
+    eagle = make_decoder(model, fitted_draft(model, "eagle3", steps=2)).candidates
+    with pytest.raises(ValueError, match="per-generation state"):
+        BatchedTreeDecoder(model, candidates=eagle)
+
+
+def test_bench_batch_mode_matches_hf_batched_generate(tmp_path, tiny_llama_dir):
+    import sys
+    from pathlib import Path
+
+    from conftest import write_jsonl
+    from specheads.data.models import load_base_model
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench
+
+    base = load_base_model(str(tiny_llama_dir), "fp32")
+    torch.manual_seed(0)
+    heads = MedusaHeads(MedusaConfig.for_base(base.config, str(tiny_llama_dir), num_heads=2))
+    heads.save_pretrained(tmp_path / "heads", extra={"tree": [[0], [1], [0, 0]]})
+    questions = tmp_path / "q.jsonl"
+    write_jsonl(questions, [{"question_id": f"q{i}", "category": "qa", "turns": [f"Say {w} {w} {w} again."]}
+                            for i, w in enumerate(["alpha", "beta", "gamma", "delta", "omega"])])
+    results = bench.main(["--model", str(tiny_llama_dir), "--heads", str(tmp_path / "heads"), "--questions",
+                          str(questions), "--methods", "baseline,plain,medusa,pld", "--batch-size", "2",
+                          "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(tmp_path / "bench")])
+    assert results["batch_size"] == 2 and results["questions"] == 5
+    for method in ("plain", "medusa", "pld"):
+        assert results["methods"][method]["overall"]["greedy_match"] == 1.0, method
+    assert results["methods"]["plain"]["overall"]["tau"] == pytest.approx(1.0)
