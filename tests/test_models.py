@@ -37,8 +37,8 @@ def test_interrupted_conversion_leaves_no_usable_cache(tmp_path, monkeypatch):
     # A folder without the completion marker (e.g. from a hard kill) is rebuilt, not trusted.
     monkeypatch.undo()
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path))
-    gguf = models._gguf_file(models.BUILTIN_MODELS["smollm2-135m-instruct"], "smollm2-135m-instruct")
-    stale = tmp_path / "models" / f"smollm2-135m-instruct-{models._cache_key(gguf)}"
+    sources = models._source_files(models.BUILTIN_MODELS["smollm2-135m-instruct"], "smollm2-135m-instruct")
+    stale = tmp_path / "models" / f"smollm2-135m-instruct-{models._cache_key(sources)}"
     stale.mkdir(parents=True)
     (stale / "config.json").write_text("{}")
     path = models.resolve_model("smollm2-135m-instruct")
@@ -47,7 +47,7 @@ def test_interrupted_conversion_leaves_no_usable_cache(tmp_path, monkeypatch):
 
 def test_missing_builtin_wheel_says_how_to_install(monkeypatch):
     monkeypatch.setitem(models.BUILTIN_MODELS, "nothing", models.GGUFModel(
-        distribution="no-such-wheel-xyz", file_in_distribution="x.gguf", upstream_id="x", install_hint="pip install x"))
+        files=(("no-such-wheel-xyz", "x.gguf"),), upstream_id="x", install_hint="pip install x"))
     with pytest.raises(FileNotFoundError, match="pip install x"):
         models.resolve_model("nothing")
 
@@ -59,3 +59,25 @@ def test_pick_dtype():
     assert models.pick_dtype("auto") in (torch.float32, torch.bfloat16)
     with pytest.raises(ValueError, match="unknown dtype"):
         models.pick_dtype("int3")
+
+
+def test_split_gguf_parts_are_joined_in_order_once(monkeypatch, tmp_path):
+    """A model split across wheels: the parts are concatenated in the listed order, into the cache, once."""
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path))
+    parts = [tmp_path / f"part{i}.bin" for i in range(3)]
+    for i, part in enumerate(parts):
+        part.write_bytes(bytes([i]) * (1000 + i))
+    monkeypatch.setattr(models, "_source_files", lambda spec, name: [(p, f"hash{i}") for i, p in enumerate(parts)])
+    spec = models.GGUFModel(files=(("a", "x"), ("b", "y"), ("c", "z")), upstream_id="u", install_hint="h")
+    joined = models._gguf_file(spec, "split")
+    assert joined.read_bytes() == b"".join(p.read_bytes() for p in parts)
+    assert joined.parent == tmp_path / "gguf" and not list(joined.parent.glob("*.partial"))
+    before = joined.stat().st_mtime_ns
+    assert models._gguf_file(spec, "split") == joined and joined.stat().st_mtime_ns == before  # not rewritten
+
+
+def test_cache_key_follows_content_not_install_location():
+    a = [(models.Path("/venv1/site-packages/m/model.gguf"), "abc")]
+    b = [(models.Path("/venv2/lib/m/model.gguf"), "abc")]
+    c = [(models.Path("/venv1/site-packages/m/model.gguf"), "abd")]
+    assert models._cache_key(a) == models._cache_key(b) != models._cache_key(c)
