@@ -55,8 +55,11 @@ def render(run: Path) -> str:
         ref = f"{VICUNA_TOP1[k]:.2f} / {VICUNA_TOP5[k]:.2f}" if k < len(VICUNA_TOP1) else ""
         rows.append(f"| {k + 1} | {t1:.3f} | {t5:.3f} | {ref} |")
     data, heads, train = config["data"], config["heads"], config["train"]
+    medusa2 = config.get("mode") == "medusa2"
+    kind = "Medusa-2 heads (joint with LoRA r={r}, λ0={l}, {b} base loss)".format(
+        r=config["lora"]["r"], l=config["joint"]["heads_weight"], b=config["joint"]["base_loss"]) if medusa2 else "Medusa-1 heads"
     lines = [
-        f"Medusa-1 heads on **{config['model']['name']}**, {heads['num_heads']} heads x {heads['num_layers']} block, "
+        f"{kind} on **{config['model']['name']}**, {heads['num_heads']} heads x {heads['num_layers']} block, "
         f"{'own' if heads['own_lm_head'] else 'shared'} lm_head, {data['dataset']} "
         f"({data['max_train_conversations'] or 'all'} training conversations, max {data['max_length']} tokens), "
         f"held-out per-head accuracy on {int(result['tokens'][0])} assistant tokens:",
@@ -65,6 +68,9 @@ def render(run: Path) -> str:
         "",
         f"Estimated chain τ (1 + Σ_k Π_j≤k top-1_j): **{result['estimated_tau']:.2f}**.",
     ]
+    if medusa2:
+        lines.append(f"Held-out LM loss of the base: {result['lm_loss_before']:.4f} without the adapter, "
+                     f"{result['lm_loss_after']:.4f} with it.")
     if "throughput" in result:
         tp = result["throughput"]
         lines.append(f"Training throughput: **{tp['samples_per_s']:.2f} samples/s** "
@@ -74,7 +80,8 @@ def render(run: Path) -> str:
     if bench.is_file():
         lines += ["", "Decoding benchmark (`scripts/bench.py`, same process, HF greedy `generate` is the baseline):",
                   "", bench.read_text().strip()]
-    lines += ["", "Produced by `make demo` (training, `scripts/build_tree.py`, `scripts/bench.py`)."]
+    if run.name == "smollm2-135m-medusa1":
+        lines += ["", "Produced by `make demo` (training, `scripts/build_tree.py`, `scripts/bench.py`)."]
     return "\n".join(lines)
 
 
