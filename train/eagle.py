@@ -167,11 +167,8 @@ class EagleTask(DraftTask):
         steps = self.cfg.eagle.eval_steps
         counts = torch.zeros(steps, 3, dtype=torch.float64, device=accelerator.device)
         source = self._features(base, "heldout")
-        first = 0
-        for batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
-            indices = list(range(first, first + batch["input_ids"].shape[0]))
-            first += len(indices)
-            inputs, last = source(batch, [accelerator.process_index + i * accelerator.num_processes for i in indices])
+        for indices, batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
+            inputs, last = source(batch, indices)
             with accelerator.autocast():
                 _, hits = self._losses(draft, base, batch, inputs, last, steps, 0.0)
             counts += hits.to(counts.device)

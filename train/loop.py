@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -162,15 +163,18 @@ def micro_batches(num_examples: int, cfg: TrainSection, world: int, rank: int, s
 
 
 def heldout_batches(examples, pad_token_id: int, batch_size: int, accelerator):
-    """This rank's share of the held-out examples, padded, on the accelerator's device.
+    """This rank's share of the held-out examples: (their indices in `examples`, the padded batch on the
+    accelerator's device). The indices key cached base states.
 
     Every rank gets the same number (the last len % processes examples are left out when there are
     several), so all ranks run the same forwards: DeepSpeed ZeRO-3 gathers weights collectively in each."""
     world = accelerator.num_processes
     usable = len(examples) - len(examples) % world
-    mine = examples[:usable][accelerator.process_index::world]
+    mine = list(range(accelerator.process_index, usable, world))
     for i in range(0, len(mine), batch_size):
-        yield {k: v.to(accelerator.device) for k, v in pad_batch(mine[i:i + batch_size], pad_token_id).items()}
+        indices = mine[i:i + batch_size]
+        batch = pad_batch([examples[j] for j in indices], pad_token_id)
+        yield indices, {k: v.to(accelerator.device) for k, v in batch.items()}
 
 
 # ---- run ---------------------------------------------------------------------------------
@@ -231,8 +235,6 @@ def accelerator_settings() -> dict:
     launch --multi_gpu --num_processes N` starts N unconnected single-process runs instead of one gloo
     group. DeepSpeed (its CPU accelerator): accelerate enables it only when not told `cpu`, and needs the
     gloo backend named, or every rank believes it is the only one."""
-    import os
-
     from accelerate.utils import InitProcessGroupKwargs
 
     if not no_gpu():

@@ -168,11 +168,7 @@ class MedusaTask(DraftTask):
         heads.eval()
         num_heads = self.cfg.heads.num_heads
         counts = torch.zeros(num_heads, 3, dtype=torch.float64, device=accelerator.device)
-        first = 0
-        for batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
-            rows = range(first, first + batch["input_ids"].shape[0])
-            first += len(rows)
-            indices = [accelerator.process_index + i * accelerator.num_processes for i in rows]  # this rank's share
+        for indices, batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
             hidden, targets = select_trained_positions(self.hidden_states(base, batch, indices, "heldout"),
                                                        batch["labels"], num_heads)
             counts += topk_hits(heads(hidden, base.get_output_embeddings()), targets).to(counts.device)
@@ -234,7 +230,7 @@ class Medusa2Task(MedusaTask):
         counts = torch.zeros(num_heads, 3, dtype=torch.float64, device=accelerator.device)
         lm = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sums before, after; tokens
         lm_head = model.base.get_output_embeddings()
-        for batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
+        for _, batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
             lm_at, lm_targets = next_token_positions(batch["labels"])
             with accelerator.autocast():
                 for i, adapter in enumerate((False, True)):
