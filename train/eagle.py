@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from specheads.data.models import cache_root
 from specheads.data.tokenization import IGNORE_INDEX
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
-from specheads.train.features import FeatureSource
+from specheads.train.features import FeatureSource, feature_cache_dir
 from specheads.train.losses import soft_cross_entropy, unrolled_step_mask
 from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
 from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
@@ -117,7 +115,7 @@ class EagleTask(DraftTask):
     def _features(self, base, split):
         if split not in self.sources:
             e = self.cfg.eagle
-            cache = (Path(e.cache_dir) if e.cache_dir else cache_root() / "features") if e.cache_features else None
+            cache = feature_cache_dir(e.cache_dir) if e.cache_features else None
             self.sources[split] = FeatureSource(base, self.cfg.model.name, asdict(self.cfg.data), self._layers(base),
                                                 split, cache)
         return self.sources[split]

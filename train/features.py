@@ -18,6 +18,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from specheads.data.models import cache_root
+
+
+def feature_cache_dir(setting: str) -> Path:
+    """A config's cache_dir: the folder given, or "" for <specheads cache>/features."""
+    return Path(setting) if setting else cache_root() / "features"
+
 
 class FeatureSource:
     """Hidden states of the layers `layers` (inputs of those decoder layers) and the last one (post-norm)."""

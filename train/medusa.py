@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from specheads.data.models import cache_root
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.heads.joint import MedusaWithLoRA, lora_config
-from specheads.train.features import FeatureSource
+from specheads.train.features import FeatureSource, feature_cache_dir
 from specheads.train.losses import (chunked_medusa_loss, estimated_tau, head_positions, heads_weight_at, medusa2_loss, medusa_loss,
                                     next_token_positions, select_trained_positions, topk_hits)
 from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
@@ -148,8 +146,8 @@ class MedusaTask(DraftTask):
         if not h.cache_hidden_states:
             return base_hidden_states(base, batch)
         if split not in self.sources:
-            cache = Path(h.cache_dir) if h.cache_dir else cache_root() / "features"
-            self.sources[split] = FeatureSource(base, self.cfg.model.name, asdict(self.cfg.data), [], split, cache)
+            self.sources[split] = FeatureSource(base, self.cfg.model.name, asdict(self.cfg.data), [], split,
+                                                feature_cache_dir(h.cache_dir))
         return self.sources[split](batch, indices)[1]
 
     def loss(self, heads, base, batch, indices, step):
