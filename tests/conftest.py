@@ -51,3 +51,32 @@ def synthetic_sharegpt(n: int, seed: int = 0) -> list[dict]:
             {"from": "human", "value": f"Count the words from {words[start]}."},
             {"from": "gpt", "value": answer}]})
     return records
+
+
+@pytest.fixture()
+def run_config(tmp_path, tiny_llama_dir):
+    """A Medusa-1 training config for the tiny Llama: 3 heads, 6 updates, checkpoints every 2."""
+    data = tmp_path / "conversations.jsonl"
+    write_jsonl(data, synthetic_sharegpt(40))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(f"""
+model:
+  name: {tiny_llama_dir}
+  dtype: fp32
+data:
+  dataset: {data}
+  max_length: 64
+  heldout_size: 8
+heads:
+  num_heads: 3
+train:
+  output_dir: {tmp_path / "run"}
+  max_steps: 6
+  batch_size: 4
+  grad_accum: 2
+  lr: 1.0e-2
+  mixed_precision: "no"
+  log_every: 1
+  save_every: 2
+""")
+    return config

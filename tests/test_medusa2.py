@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from conftest import synthetic_sharegpt, write_jsonl
+from conftest import write_jsonl
 from test_train_medusa import KILL_IN_NTH_SAVE, run_training
 
 from specheads.data.tokenization import IGNORE_INDEX
@@ -60,38 +60,17 @@ def test_medusa2_loss_is_base_term_plus_weighted_heads():
 # ---- training ------------------------------------------------------------------------------
 
 @pytest.fixture()
-def medusa2_config(tmp_path, tiny_llama_dir):
-    data = tmp_path / "conversations.jsonl"
-    write_jsonl(data, synthetic_sharegpt(40))
-    config = tmp_path / "medusa2.yaml"
-    config.write_text(f"""
-mode: medusa2
-model:
-  name: {tiny_llama_dir}
-  dtype: fp32
-data:
-  dataset: {data}
-  max_length: 64
-  heldout_size: 8
-heads:
-  num_heads: 3
+def medusa2_config(run_config):
+    """The Medusa-1 test config in medusa2 mode, with a small LoRA and a 2-update λ warm-up."""
+    run_config.write_text("mode: medusa2\n" + run_config.read_text() + """
 lora:
   r: 4
   alpha: 8
 joint:
   heads_weight: 0.5
   heads_weight_warmup_steps: 2
-train:
-  output_dir: {tmp_path / "run"}
-  max_steps: 6
-  batch_size: 4
-  grad_accum: 2
-  lr: 1.0e-2
-  mixed_precision: "no"
-  log_every: 1
-  save_every: 2
 """)
-    return config
+    return run_config
 
 
 def scalars(run_dir, tag):

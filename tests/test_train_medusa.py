@@ -1,7 +1,6 @@
 """Medusa-1 training end to end on a tiny random Llama: outputs, resume after SIGKILL, non-finite loss."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,37 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import synthetic_sharegpt, write_jsonl
-
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture()
-def run_config(tmp_path, tiny_llama_dir):
-    data = tmp_path / "conversations.jsonl"
-    write_jsonl(data, synthetic_sharegpt(40))
-    config = tmp_path / "tiny.yaml"
-    config.write_text(f"""
-model:
-  name: {tiny_llama_dir}
-  dtype: fp32
-data:
-  dataset: {data}
-  max_length: 64
-  heldout_size: 8
-heads:
-  num_heads: 3
-train:
-  output_dir: {tmp_path / "run"}
-  max_steps: 6
-  batch_size: 4
-  grad_accum: 2
-  lr: 1.0e-2
-  mixed_precision: "no"
-  log_every: 1
-  save_every: 2
-""")
-    return config
 
 
 KILL_IN_NTH_SAVE = """
