@@ -26,6 +26,17 @@ from .kv_cache import prepare_cache_for_rollback
 from .tree import additive_mask
 
 
+def left_pad(prompts: list[list[int]], pad_id: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths -> ids [B, P] padded on the left, and which slots are real [B, P] (bool)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros((len(prompts), width), dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+        valid[row, width - len(prompt):] = True
+    return ids, valid
+
+
 class BatchedTreeDecoder:
     """BatchedTreeDecoder(model[, heads, tree | candidates=src]).generate(prompts, max_new_tokens, eos)."""
 
@@ -56,12 +67,8 @@ class BatchedTreeDecoder:
     def _prefill(self, prompts: list[list[int]], pad_id: int, cache):
         """Left-padded prompts through the base; -> last logits [B, V], last hidden [B, H], valid [B, P]."""
         device, dtype = self.model.device, self.model.dtype
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-        valid = torch.zeros((len(prompts), width), dtype=torch.bool, device=device)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
-            valid[row, width - len(prompt):] = True
+        ids, valid = left_pad(prompts, pad_id, device)
+        width = ids.shape[1]
         positions = (valid.long().cumsum(1) - 1).clamp(min=0)
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
         allowed = causal[None] & valid[:, None, :]

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
 from specheads.heads.joint import adapter_of, load_adapted_base
+from specheads.inference.batched import BatchedTreeDecoder, left_pad
 from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
@@ -326,17 +327,12 @@ BATCHED_METHODS = ("baseline", "plain", "medusa", "pld")
 
 def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, eos: list[int]):
     """HF batched greedy `generate` on left-padded prompts; each row cut after its first EOS."""
-    width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
+    ids, valid = left_pad(prompts, pad, model.device)
     with torch.inference_mode():
-        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=max_new_tokens,
+        out = model.generate(ids, attention_mask=valid.long(), max_new_tokens=max_new_tokens,
                              do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos,
-                             pad_token_id=pad)[:, width:].tolist()
+                             pad_token_id=pad)[:, ids.shape[1]:].tolist()
     rows = []
     for row in out:
         stop = next((i for i, t in enumerate(row) if t in eos), None)
@@ -346,8 +342,6 @@ def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens
 
 def run_batched(args, model, tokenizer, heads, methods, questions) -> dict:
     """Throughput of decoding the first turns B at a time, every method on the same batches."""
-    from specheads.inference.batched import BatchedTreeDecoder
-
     unknown = [m for m in methods if m not in BATCHED_METHODS]
     if unknown or args.temperature != 0:
         raise SystemExit(f"--batch-size: greedy (T=0) methods {', '.join(BATCHED_METHODS)} only (got {', '.join(methods)}, "
