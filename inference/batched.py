@@ -37,6 +37,26 @@ def left_pad(prompts: list[list[int]], pad_id: int, device="cpu") -> tuple[torch
     return ids, valid
 
 
+def keep_accepted_paths(cache, width: int, accepted: list[torch.Tensor]) -> None:
+    """Each row's accepted nodes to the front of the last `width` cache slots, then cut to the longest path.
+
+    One gather per layer for the whole batch (no per-row copies); a row's slots past its own path keep
+    whatever the gather puts there and stay masked by its `valid` row."""
+    kept = max(len(path) for path in accepted)
+    order = torch.arange(kept, device=accepted[0].device).repeat(len(accepted), 1)
+    for i, path in enumerate(accepted):
+        order[i, :len(path)] = path
+    in_place = bool((order == torch.arange(kept, device=order.device)).all())  # every path is 0, 1, 2, ...
+    for layer in () if in_place else cache.layers:
+        start = layer.keys.shape[-2] - width  # this layer's copy of the block
+        for name in ("keys", "values"):
+            states = getattr(layer, name)
+            index = order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1])
+            states[:, :, start:start + kept] = states[:, :, start:start + width].gather(2, index)
+    if width > kept:
+        cache.crop(-(width - kept))
+
+
 class BatchedTreeDecoder:
     """BatchedTreeDecoder(model[, heads, tree | candidates=src]).generate(prompts, max_new_tokens, eos)."""
 
@@ -136,13 +156,7 @@ class BatchedTreeDecoder:
                 contexts[rows[i]].append(pending[i][-1])
                 pending[i] = row_tokens[path[1:]].tolist() + [bonus]
             kept = max(len(path) for path in accepted)
-            for layer in cache.layers:
-                start = layer.keys.shape[-2] - width  # this layer's copy of the block
-                for i, path in enumerate(accepted):
-                    layer.keys[i, :, start:start + len(path)] = layer.keys[i, :, start + path]
-                    layer.values[i, :, start:start + len(path)] = layer.values[i, :, start + path]
-            if width > kept:
-                cache.crop(-(width - kept))
+            keep_accepted_paths(cache, width, accepted)
             block = torch.zeros((len(rows), kept), dtype=torch.bool, device=device)
             for i, path in enumerate(accepted):
                 block[i, :len(path)] = True

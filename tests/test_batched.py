@@ -90,3 +90,21 @@ def test_bench_batch_mode_matches_hf_batched_generate(tmp_path, tiny_llama_dir):
     for method in ("plain", "medusa", "pld"):
         assert results["methods"][method]["overall"]["greedy_match"] == 1.0, method
     assert results["methods"]["plain"]["overall"]["tau"] == pytest.approx(1.0)
+
+
+def test_keep_accepted_paths_moves_each_rows_nodes_to_the_front_of_the_block():
+    from transformers import DynamicCache
+
+    from specheads.inference.batched import keep_accepted_paths
+
+    cache = DynamicCache()
+    prefix, width = 3, 5
+    slot = torch.arange(prefix + width, dtype=torch.float64)  # slot i holds the value i in every row
+    keys = slot[None, None, :, None].repeat(2, 1, 1, 4)
+    cache.update(keys.clone(), -keys.clone(), 0)
+    keep_accepted_paths(cache, width, [torch.tensor([0, 2, 4]), torch.tensor([0, 1])])
+    layer = cache.layers[0]
+    assert layer.keys.shape[-2] == prefix + 3, "the block is cut to the longest accepted path"
+    assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 5, 7]
+    assert layer.keys[1, 0, :prefix + 2, 0].tolist() == [0, 1, 2, 3, 4]
+    assert torch.equal(layer.values, -layer.keys)
