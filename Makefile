@@ -53,7 +53,7 @@ eagle: setup
 
 # Medusa-1 on ShareGPT's original answers vs Medusa-1 on self-distilled answers (the demo's heads) vs Medusa-2
 # (the demo's heads trained on jointly with a LoRA adapter), each with its own tree, in one benchmark run.
-# Needs `make demo` first; ~8 min + ~35 min of training on 2 cores.
+# Needs `make demo` first; ~35 min of training on 2 cores.
 M1_SHAREGPT := runs/smollm2-135m-medusa1-sharegpt
 M2 := runs/smollm2-135m-medusa2
 medusa2: setup

@@ -61,7 +61,8 @@ def render(run: Path) -> str:
     lines = [
         f"{kind} on **{config['model']['name']}**, {heads['num_heads']} heads x {heads['num_layers']} block, "
         f"{'own' if heads['own_lm_head'] else 'shared'} lm_head, {data['dataset']} "
-        f"({data['max_train_conversations'] or 'all'} training conversations, max {data['max_length']} tokens), "
+        f"({data['max_train_conversations'] or 'all'} training conversations, {train['epochs']:g} epoch(s), "
+        f"max {data['max_length']} tokens), "
         f"held-out per-head accuracy on {int(result['tokens'][0])} assistant tokens:",
         "",
         *rows,
