@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from .acceptance import greedy_accept
 from .candidates import MedusaCandidates, NoCandidates
-from .kv_cache import prepare_cache_for_rollback
+from .kv_cache import keep_accepted_paths, prepare_cache_for_rollback
 from .tree import additive_mask
 
 
@@ -35,26 +35,6 @@ def left_pad(prompts: list[list[int]], pad_id: int, device="cpu") -> tuple[torch
         ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
         valid[row, width - len(prompt):] = True
     return ids, valid
-
-
-def keep_accepted_paths(cache, width: int, accepted: list[torch.Tensor]) -> None:
-    """Each row's accepted nodes to the front of the last `width` cache slots, then cut to the longest path.
-
-    One gather per layer for the whole batch (no per-row copies); a row's slots past its own path keep
-    whatever the gather puts there and stay masked by its `valid` row."""
-    kept = max(len(path) for path in accepted)
-    order = torch.arange(kept, device=accepted[0].device).repeat(len(accepted), 1)
-    for i, path in enumerate(accepted):
-        order[i, :len(path)] = path
-    in_place = bool((order == torch.arange(kept, device=order.device)).all())  # every path is 0, 1, 2, ...
-    for layer in () if in_place else cache.layers:
-        start = layer.keys.shape[-2] - width  # this layer's copy of the block
-        for name in ("keys", "values"):
-            states = getattr(layer, name)
-            index = order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1])
-            states[:, :, start:start + kept] = states[:, :, start:start + width].gather(2, index)
-    if width > kept:
-        cache.crop(-(width - kept))
 
 
 class BatchedTreeDecoder:
@@ -155,8 +135,7 @@ class BatchedTreeDecoder:
                 accepted.append(path)
                 contexts[rows[i]].append(pending[i][-1])
                 pending[i] = row_tokens[path[1:]].tolist() + [bonus]
-            kept = max(len(path) for path in accepted)
-            keep_accepted_paths(cache, width, accepted)
+            kept = keep_accepted_paths(cache, width, accepted)
             block = torch.zeros((len(rows), kept), dtype=torch.bool, device=device)
             for i, path in enumerate(accepted):
                 block[i, :len(path)] = True

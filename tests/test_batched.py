@@ -95,7 +95,7 @@ def test_bench_batch_mode_matches_hf_batched_generate(tmp_path, tiny_llama_dir):
 def test_keep_accepted_paths_moves_each_rows_nodes_to_the_front_of_the_block():
     from transformers import DynamicCache
 
-    from specheads.inference.batched import keep_accepted_paths
+    from specheads.inference.kv_cache import keep_accepted_paths
 
     cache = DynamicCache()
     prefix, width = 3, 5
