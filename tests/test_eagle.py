@@ -246,6 +246,13 @@ def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
         torch.testing.assert_close(again[0][:, row, :n], first[0][:, row, :n], atol=2e-2, rtol=2e-2)
     cfg.data.max_length = 99  # other data settings -> another cache folder, never the stale one
     assert source(cfg).directory != cached.directory
+    # a data file regenerated at the same path (e.g. a new self-distillation run) -> another cache folder
+    data = tmp_path / "answers.jsonl"
+    data.write_text('{"conversations": []}\n')
+    cfg.data.dataset = str(data)
+    before = source(cfg).directory
+    data.write_text('{"conversations": [], "id": "regenerated"}\n')
+    assert source(cfg).directory != before
     # Medusa reads only the last state (no layer stack); a different layer list is a different cache
     medusa = FeatureSource(base, cfg.model.name, asdict(cfg.data), [], "train", cfg.eagle.cache_dir)
     assert medusa.directory != cached.directory

@@ -3,8 +3,8 @@
 A frozen base gives the same states every epoch, so a draft trainer (Medusa-1 heads, EAGLE drafts) can
 store them per example (bf16 safetensors, written atomically) and skip the base forward afterwards. The
 cache folder is named by a hash of everything that determines the states — model name, dtype and files,
-all data settings, the layers kept, the split — so a cache is never reused for another model, dataset or
-setting. Cached and online states come from the same code (read back in bf16).
+all data settings and the data file's contents, the layers kept, the split — so a cache is never reused for
+another model, dataset (or a regenerated file at the same path) or setting. Cached and online states come from the same code (read back in bf16).
 """
 
 from __future__ import annotations
@@ -19,6 +19,19 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from specheads.data.models import cache_root
+
+
+def dataset_fingerprint(dataset: str) -> str:
+    """sha256 of a local data file's bytes ("" for a built-in name or a hub id, which name fixed contents):
+    a file regenerated at the same path gets a new cache instead of its predecessor's states."""
+    path = Path(dataset)
+    if not path.is_file():
+        return ""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def feature_cache_dir(setting: str) -> Path:
@@ -36,6 +49,7 @@ class FeatureSource:
         if cache_dir is not None:
             key = {"model": model_name, "model_dtype": str(base.dtype),
                    "model_files": str(getattr(base.config, "_name_or_path", "")), "data": data_settings,
+                   "data_sha256": dataset_fingerprint(str(data_settings.get("dataset", ""))),
                    "layers": layers, "split": split, "format": 1}
             digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
             self.directory = Path(cache_dir) / f"{split}-{digest}"
