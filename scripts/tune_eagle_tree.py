@@ -5,7 +5,7 @@
 The best tree depends on the draft's accuracy and on what a verify forward of n tokens costs here
 (on 2 CPU cores 32 tokens cost ~1.6x one token; on a GPU they are nearly free). So this measures,
 on held-out dev prompts, tokens/s of each (top_k, depth, total_tokens) candidate against plain
-decoding in the same process, and writes the fastest into the draft's config.json as `eagle_tree`
+decoding in the same process (interleaved prompt by prompt), and writes the fastest into the draft's config.json as `eagle_tree`
 (chat.py and bench.py use it unless told otherwise).
 """
 
@@ -32,20 +32,33 @@ def parse_args(argv=None):
     parser.add_argument("--prompts", type=int, default=6, help="dev prompts to time (the last ones of the file)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--shapes", default=None,
+                        help="candidate shapes top_k,depth,total_tokens separated by ';' (default: %s)"
+                        % ";".join(",".join(map(str, shape)) for shape in CANDIDATES))
     parser.add_argument("--dry-run", action="store_true", help="measure and print, do not write config.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    given = args.shapes
+    try:
+        args.shapes = [tuple(int(v) for v in shape.split(",")) for shape in given.split(";")] if given else CANDIDATES
+        if any(len(shape) != 3 for shape in args.shapes):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--shapes: expected top_k,depth,total_tokens[;...], got {given!r}")
+    return args
 
 
-def timed(decoder, prompts, max_new_tokens, eos) -> tuple[float, float]:
-    """(tokens/s, τ) over the prompts."""
-    tokens = forwards = 0
-    seconds = 0.0
+def timed_interleaved(decoders: dict, prompts, max_new_tokens, eos) -> dict:
+    """{name: (tokens/s, τ)} over the prompts, every decoder on a prompt before the next prompt, so that
+    the machine's speed drifting during the run (it does, by 10-20% here) hits every shape alike."""
+    totals = {name: [0, 0, 0.0] for name in decoders}  # tokens, base forwards, seconds
     for ids in prompts:
-        start = time.perf_counter()
-        tokens += len(decoder.generate_ids(ids, max_new_tokens, eos_token_ids=eos))
-        seconds += time.perf_counter() - start
-        forwards += decoder.stats.base_forwards
-    return tokens / seconds, tokens / max(forwards, 1)
+        for name, decoder in decoders.items():
+            start = time.perf_counter()
+            tokens = len(decoder.generate_ids(ids, max_new_tokens, eos_token_ids=eos))
+            totals[name][2] += time.perf_counter() - start
+            totals[name][0] += tokens
+            totals[name][1] += decoder.stats.base_forwards
+    return {name: (tokens / seconds, tokens / max(forwards, 1)) for name, (tokens, forwards, seconds) in totals.items()}
 
 
 def main(argv=None) -> dict:
@@ -59,14 +72,16 @@ def main(argv=None) -> dict:
     questions = [json.loads(line) for line in Path(args.questions).read_text().splitlines() if line.strip()]
     # The benchmark takes the first questions; tune on the last ones so the two do not overlap.
     prompts = [chat_input_ids(tokenizer, q["turns"][0]) for q in questions[-args.prompts:]]
-    plain = TreeDecoder(model)
-    timed(plain, prompts[:1], 16, eos)  # warm-up
-    plain_speed, _ = timed(plain, prompts, args.max_new_tokens, eos)
+    decoders = {"plain": TreeDecoder(model)}
+    for shape in args.shapes:
+        decoders[shape] = TreeDecoder(model, candidates=EagleCandidates(draft, model, *shape))
+    for decoder in decoders.values():  # warm-up
+        decoder.generate_ids(prompts[0], 16, eos_token_ids=eos)
+    speeds = timed_interleaved(decoders, prompts, args.max_new_tokens, eos)
+    plain_speed = speeds.pop("plain")[0]
     print(f"plain decoding: {plain_speed:.1f} tokens/s")
     measured = []
-    for top_k, depth, total in CANDIDATES:
-        decoder = TreeDecoder(model, candidates=EagleCandidates(draft, model, top_k, depth, total))
-        speed, tau = timed(decoder, prompts, args.max_new_tokens, eos)
+    for (top_k, depth, total), (speed, tau) in speeds.items():
         measured.append({"top_k": top_k, "depth": depth, "total_tokens": total, "tokens_per_s": speed, "tau": tau,
                          "speedup": speed / plain_speed})
         print(f"top_k {top_k:2d} depth {depth} tokens {total:2d}: τ {tau:.2f}, {speed:.1f} tokens/s, "
