@@ -8,8 +8,11 @@
 2. Verify cost: time one base forward over n new tokens (on a prefix of realistic length) for each
    candidate budget n, relative to a one-token decode step, plus the heads' own cost.
 3. For each budget, take the most often accepted paths (Medusa's best-first construction, on measured
-   path frequencies instead of a product of per-head accuracies), estimate τ, and pick the budget with
-   the highest estimated speedup τ / relative step cost.
+   path frequencies instead of a product of per-head accuracies), estimate τ and the speedup τ / relative
+   step cost.
+4. The estimate is optimistic (teacher-forced statistics, forward timings without the step's other work),
+   so the few budgets it ranks best are decoded for real on held-out dev prompts, interleaved with plain
+   decoding, and the fastest one wins (--timed-prompts 0: take the estimate's best).
 The tree and the measurements go into the heads' config.json (`tree`, `tree_selection`).
 """
 
@@ -32,10 +35,11 @@ from specheads.heads.joint import load_adapted_base
 from specheads.heads.medusa import CONFIG_NAME
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
+from specheads.inference.timing import interleaved_speeds
 from specheads.inference.tree import path_frequencies, tree_from_path_frequencies
 
 
-def parse_args():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", required=True)
     parser.add_argument("--model", default=None, help="default: the base the heads were trained on")
@@ -48,8 +52,13 @@ def parse_args():
     parser.add_argument("--top-k", type=int, default=10, help="ranks considered per head")
     parser.add_argument("--budgets", default="2,4,6,8,12,16,24,32,48,64", help="tree sizes (nodes incl. root)")
     parser.add_argument("--prefix-length", type=int, default=300, help="cache length for timing")
+    parser.add_argument("--questions", default="data/questions/sharegpt-dev.jsonl",
+                        help="dev questions whose last --timed-prompts first turns time the best budgets")
+    parser.add_argument("--timed-prompts", type=int, default=6, help="0: choose by the estimate alone")
+    parser.add_argument("--timed-budgets", type=int, default=4, help="how many of the best-estimated budgets to time")
+    parser.add_argument("--timed-tokens", type=int, default=96, help="new tokens per timed answer")
     parser.add_argument("--dry-run", action="store_true", help="print the choice, do not write config.json")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 @torch.inference_mode()
@@ -78,16 +87,17 @@ def step_costs(base, heads, budgets, prefix_length: int, repeats: int = 7) -> tu
     from transformers import DynamicCache
 
     device = base.device
+    cache_argument = TreeDecoder(base)._cache_argument  # `cache` in transformers 5.x, else past_key_values
     prefix = torch.randint(100, 1000, (1, prefix_length), device=device)
     times = {}
     for n in sorted(set(budgets) | {1}):
         samples = []
         for _ in range(repeats):
             cache = DynamicCache(config=base.config)
-            base(prefix, past_key_values=cache, use_cache=True)
+            base(prefix, use_cache=True, **{cache_argument: cache})
             new = torch.randint(100, 1000, (1, n), device=device)
             start = time.perf_counter()
-            base(new, past_key_values=cache, use_cache=True, output_hidden_states=True)
+            base(new, use_cache=True, output_hidden_states=True, **{cache_argument: cache})
             samples.append(time.perf_counter() - start)
         times[n] = statistics.median(samples)
     hidden = torch.randn(1, base.config.hidden_size, dtype=base.dtype, device=device)
@@ -110,8 +120,8 @@ def write_tree(heads_dir: Path, tree, selection: dict) -> None:
     os.replace(tmp, path)
 
 
-def main():
-    args = parse_args()
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     heads_dir = Path(args.heads)
     config, _ = MedusaHeads.read_config(heads_dir)
     model_name = args.model or config.base_model_name_or_path
@@ -135,33 +145,51 @@ def main():
     budgets = [int(b) for b in args.budgets.split(",")]
     times, head_seconds = step_costs(base, heads, budgets, args.prefix_length)
     one = times[1]
-    rows, best = [], None
+    rows, trees = [], {}
     for n in budgets:
-        tree = tree_from_path_frequencies(frequencies, n - 1)
+        tree = trees[n] = tree_from_path_frequencies(frequencies, n - 1)
         tau = 1 + sum(frequencies[path] for path in tree)  # teacher-forced expectation, bonus token included
         relative_cost = (times[n] + head_seconds) / one
-        row = {"nodes": n, "estimated_tau": tau, "relative_step_cost": relative_cost,
-               "estimated_speedup": tau / relative_cost, "depth": max(len(p) for p in tree)}
-        rows.append(row)
-        if best is None or row["estimated_speedup"] > best[0]["estimated_speedup"]:
-            best = (row, tree)
-
+        rows.append({"nodes": n, "estimated_tau": tau, "relative_step_cost": relative_cost,
+                     "estimated_speedup": tau / relative_cost, "depth": max(len(p) for p in tree)})
+    ranked = sorted(rows, key=lambda row: -row["estimated_speedup"])
+    chosen_by, chosen = "estimate", ranked[0]
+    if args.timed_prompts > 0:
+        questions = [json.loads(line) for line in Path(args.questions).read_text().splitlines() if line.strip()]
+        # bench.py takes the first questions; time on the last ones so the two do not overlap
+        prompts = [chat_input_ids(tokenizer, q["turns"][0]) for q in questions[-args.timed_prompts:]]
+        decoders = {"plain": plain, **{row["nodes"]: TreeDecoder(base, heads, trees[row["nodes"]])
+                                       for row in ranked[: args.timed_budgets]}}
+        for decoder in decoders.values():  # warm-up
+            decoder.generate_ids(prompts[0], 16, eos_token_ids=eos)
+        speeds = interleaved_speeds(decoders, prompts, args.timed_tokens, eos)
+        plain_speed = speeds.pop("plain")[0]
+        for row in rows:
+            if row["nodes"] in speeds:
+                speed, tau = speeds[row["nodes"]]
+                row.update(measured_tau=tau, measured_speedup=speed / plain_speed)
+        chosen_by, chosen = "timed", max((row for row in rows if "measured_speedup" in row),
+                                         key=lambda row: row["measured_speedup"])
+    tree = trees[chosen["nodes"]]
     print("rank accuracy (head x rank):")
     for d, row in enumerate(accuracy, 1):
         print(f"  head {d}: " + " ".join(f"{a:.3f}" for a in row))
     print(f"one-token step {one * 1000:.1f} ms, heads {head_seconds * 1000:.1f} ms")
-    print("nodes  est.tau  step cost  est.speedup")
+    print("nodes  est.tau  step cost  est.speedup  measured tau  measured speedup")
     for row in rows:
+        measured = (f"  {row['measured_tau']:.3f}        {row['measured_speedup']:.2f}x" if "measured_tau" in row else "")
         print(f"{row['nodes']:>5}  {row['estimated_tau']:.3f}    {row['relative_step_cost']:.2f}x      "
-              f"{row['estimated_speedup']:.2f}x")
-    chosen, tree = best
-    print(f"chosen: {chosen['nodes']} nodes, depth {chosen['depth']}, est. tau {chosen['estimated_tau']:.2f}, "
-          f"est. speedup {chosen['estimated_speedup']:.2f}x")
+              f"{row['estimated_speedup']:.2f}x{measured}")
+    print(f"chosen ({chosen_by}): {chosen['nodes']} nodes, depth {chosen['depth']}, est. tau {chosen['estimated_tau']:.2f}"
+          + (f", measured tau {chosen['measured_tau']:.2f}, {chosen['measured_speedup']:.2f}x plain decoding"
+             if "measured_tau" in chosen else f", est. speedup {chosen['estimated_speedup']:.2f}x"))
     selection = {"rank_accuracy": accuracy, "positions": ranks.shape[0], "budgets": rows, "one_token_step_s": one, "heads_s": head_seconds,
-                 "dtype": str(base.dtype), "prompts": len(sequences), "threads": torch.get_num_threads()}
+                 "dtype": str(base.dtype), "prompts": len(sequences), "threads": torch.get_num_threads(),
+                 "chosen_by": chosen_by, "timed_prompts": args.timed_prompts, "timed_tokens": args.timed_tokens}
     if not args.dry_run:
         write_tree(heads_dir, tree, selection)
         print(f"tree written to {heads_dir / CONFIG_NAME}")
+    return {"tree": tree, **selection}
 
 
 if __name__ == "__main__":

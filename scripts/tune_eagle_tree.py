@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.eagle import EagleCandidates
 from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads
+from specheads.inference.timing import interleaved_speeds
 
 CANDIDATES = [(4, 4, 10), (4, 5, 14), (6, 5, 18), (8, 6, 26), (10, 6, 40)]  # (top_k, depth, total_tokens)
 
@@ -47,20 +47,6 @@ def parse_args(argv=None):
     return args
 
 
-def timed_interleaved(decoders: dict, prompts, max_new_tokens, eos) -> dict:
-    """{name: (tokens/s, τ)} over the prompts, every decoder on a prompt before the next prompt, so that
-    the machine's speed drifting during the run (it does, by 10-20% here) hits every shape alike."""
-    totals = {name: [0, 0, 0.0] for name in decoders}  # tokens, base forwards, seconds
-    for ids in prompts:
-        for name, decoder in decoders.items():
-            start = time.perf_counter()
-            tokens = len(decoder.generate_ids(ids, max_new_tokens, eos_token_ids=eos))
-            totals[name][2] += time.perf_counter() - start
-            totals[name][0] += tokens
-            totals[name][1] += decoder.stats.base_forwards
-    return {name: (tokens / seconds, tokens / max(forwards, 1)) for name, (tokens, forwards, seconds) in totals.items()}
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     model = load_base_model(args.model, args.dtype)
@@ -77,7 +63,7 @@ def main(argv=None) -> dict:
         decoders[shape] = TreeDecoder(model, candidates=EagleCandidates(draft, model, *shape))
     for decoder in decoders.values():  # warm-up
         decoder.generate_ids(prompts[0], 16, eos_token_ids=eos)
-    speeds = timed_interleaved(decoders, prompts, args.max_new_tokens, eos)
+    speeds = interleaved_speeds(decoders, prompts, args.max_new_tokens, eos)
     plain_speed = speeds.pop("plain")[0]
     print(f"plain decoding: {plain_speed:.1f} tokens/s")
     measured = []

@@ -104,3 +104,25 @@ def test_tune_eagle_tree_stores_the_fastest_shape(tmp_path, tiny_llama_dir):
                                    "--dtype", "fp32"])
     stored = EagleDraft.from_pretrained(tmp_path / "eagle1").extra_config
     assert stored["eagle_tree"] == chosen and len(stored["eagle_tree_measurements"]["candidates"]) == 5
+
+
+def test_build_tree_times_the_best_estimated_budgets_and_stores_the_fastest(tmp_path, tiny_llama_dir, heads_dir):
+    import build_tree
+    from conftest import synthetic_sharegpt, write_jsonl
+
+    from specheads.heads import MedusaHeads
+
+    data = tmp_path / "conversations.jsonl"
+    write_jsonl(data, synthetic_sharegpt(12))
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n")
+    result = build_tree.main(["--heads", str(heads_dir), "--model", str(tiny_llama_dir), "--dtype", "fp32",
+                              "--dataset", str(data), "--heldout-size", "4", "--prompts", "2", "--answer-tokens", "8",
+                              "--top-k", "3", "--budgets", "2,3,4", "--prefix-length", "8", "--questions", str(questions),
+                              "--timed-prompts", "1", "--timed-budgets", "2", "--timed-tokens", "6"])
+    timed = [row for row in result["budgets"] if "measured_speedup" in row]
+    assert len(timed) == 2 and result["chosen_by"] == "timed"
+    fastest = max(timed, key=lambda row: row["measured_speedup"])
+    stored = MedusaHeads.from_pretrained(heads_dir).extra_config
+    assert [tuple(p) for p in stored["tree"]] == [tuple(p) for p in result["tree"]]
+    assert len(stored["tree"]) == fastest["nodes"] - 1  # the fastest timed budget's tree, not the estimate's pick

@@ -1,0 +1,23 @@
+"""Decoding speed measured the fair way on a shared machine: decoders take turns prompt by prompt.
+
+A CPU's speed drifts within a run (by 10-20% over minutes on the machines seen here), so timing one
+decoder over every prompt and then the next would credit or blame a decoder for the drift. Tuning
+scripts (tree budgets, EAGLE tree shapes) pick their winner from these figures.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def interleaved_speeds(decoders: dict, prompts, max_new_tokens: int, eos_token_ids=()) -> dict:
+    """{name: (tokens/s, τ)} of TreeDecoders over the prompts; every decoder runs a prompt before the next one."""
+    totals = {name: [0, 0, 0.0] for name in decoders}  # tokens, base forwards, seconds
+    for ids in prompts:
+        for name, decoder in decoders.items():
+            start = time.perf_counter()
+            tokens = len(decoder.generate_ids(ids, max_new_tokens, eos_token_ids=eos_token_ids))
+            totals[name][2] += time.perf_counter() - start
+            totals[name][0] += tokens
+            totals[name][1] += decoder.stats.base_forwards
+    return {name: (tokens / seconds, tokens / max(forwards, 1)) for name, (tokens, forwards, seconds) in totals.items()}
