@@ -7,6 +7,7 @@ the base model chose last) together with that tree's buffers. Sources:
 - PromptLookupCandidates: the tokens that followed the latest earlier occurrence of the last n-gram
   (n = max..1) in prompt + output, as a chain; training-free.
 - NoCandidates: the root alone, i.e. plain decoding.
+- MergedCandidates: several sources in one tree; FallbackCandidates: the first source that proposes anything.
 """
 
 from __future__ import annotations
@@ -132,3 +133,36 @@ class MergedCandidates:
 
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         return merge_token_trees([source.propose(root, hidden, context) for source in self.sources])
+
+
+class FallbackCandidates:
+    """The first source's tree when it proposes any token, else the next source's (e.g. prompt lookup, and the
+    heads only where lookup finds nothing).
+
+    Where verifying a token costs time (a small model on a CPU), a prompt-lookup chain that matched is usually
+    worth more than a heads tree merged into it, and skipping the heads' drafting saves their time too. A
+    feature-level draft (EAGLE) is still committed every step, so it can take over at any step."""
+
+    def __init__(self, *sources):
+        if len(sources) < 2:
+            raise ValueError("FallbackCandidates needs at least two sources")
+        self.sources = sources
+        feature_sources = [s for s in sources if hasattr(s, "commit")]
+        if len(feature_sources) > 1:
+            raise ValueError("at most one feature-level draft (e.g. EAGLE) among the sources")
+        if feature_sources:
+            self.feature_layers = feature_sources[0].feature_layers
+            self.commit = feature_sources[0].commit
+        self.steps_by_source = [0] * len(sources)  # how often each source's tree was verified
+
+    def begin(self, *args) -> None:
+        for source in self.sources:
+            if hasattr(source, "begin"):
+                source.begin(*args)
+
+    def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
+        for i, source in enumerate(self.sources):
+            tokens, buffers = source.propose(root, hidden, context)
+            if buffers.num_nodes > 1 or i == len(self.sources) - 1:
+                self.steps_by_source[i] += 1
+                return tokens, buffers

@@ -8,10 +8,11 @@ Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt looku
 plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
 medusa (our tree decoder with the heads and their tree; --heads NAME=DIR,NAME=DIR compares several sets as
 medusa:NAME; Medusa-2 heads decode on the base with their LoRA adapter merged, and an extra baseline:NAME
-(HF greedy of that adapted model) is their reference for speedup and greedy match), medusa_pld (the heads' tree and a prompt
-lookup chain merged into one tree, verified in one forward), eagle2 / eagle3 (an EAGLE-1 / EAGLE-3 draft
-from --eagle-heads with an EAGLE-2 dynamic tree of --eagle-tokens nodes), eagle3_pld (that tree merged with a
-prompt-lookup chain, one forward). Seed methods: sps (draft-model speculative
+(HF greedy of that adapted model) is their reference for speedup and greedy match), medusa_pld (the heads with
+prompt lookup: --pld-combine first = the lookup chain when it finds one, else the heads' tree; merge = both in
+one tree, verified in one forward), eagle2 / eagle3 (an EAGLE-1 / EAGLE-3 draft from --eagle-heads with an
+EAGLE-2 dynamic tree of --eagle-tokens nodes), eagle3_pld (that draft with prompt lookup, as medusa_pld).
+Seed methods: sps (draft-model speculative
 sampling; the draft is the base's first --draft-layers layers + norm + lm_head, weights shared, γ fixed
 or 'auto'), lookahead (Jacobi window W, n-grams N, pool G), hf_assisted (HF `generate` with that same
 self-draft as assistant_model, HF's default assistant schedule), hf_prompt_lookup (= prompt_lookup).
@@ -43,7 +44,7 @@ from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.inference.batched import BatchedTreeDecoder, left_pad
-from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
+from specheads.inference.candidates import FallbackCandidates, MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
                                           make_decoder)
@@ -71,6 +72,9 @@ def parse_args(argv=None):
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--pld-tokens", type=int, default=10, help="prompt-lookup draft length (pld, medusa_pld)")
+    parser.add_argument("--pld-combine", choices=["first", "merge"], default="first",
+                        help="medusa_pld / eagle3_pld: the lookup chain when it matches, else the heads' tree "
+                             "(first), or both merged into one tree every step (merge)")
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="layers of the self-speculative draft (sps, hf_assisted); default: a quarter of the base's")
     parser.add_argument("--gamma", default="auto", help="sps draft length: an int or 'auto' (from measured α and cost)")
@@ -138,6 +142,13 @@ def reference_of(method: str, methods) -> str:
     return own if own in methods and not method.startswith("baseline") else "baseline"
 
 
+def with_lookup(heads_source, lookup, args):
+    """Heads and prompt lookup as one candidate source, combined as --pld-combine says."""
+    if args.pld_combine == "merge":
+        return MergedCandidates(heads_source, lookup)
+    return FallbackCandidates(lookup, heads_source)
+
+
 class Runner:
     def __init__(self, args, model, tokenizer, heads, eagle_drafts=None):
         self.args, self.model, self.tokenizer = args, model, tokenizer
@@ -164,13 +175,13 @@ class Runner:
                     self.model_of[name], self.counter_of[name] = target, counter
             if method == "medusa" or "medusa_pld" not in self.decoders:  # medusa_pld: the first set's tree
                 lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
-                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=MergedCandidates(medusa.candidates, lookup))
+                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=with_lookup(medusa.candidates, lookup, args))
         eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens)
         for method, draft in (eagle_drafts or {}).items():
             decoder = make_decoder(model, draft, eagle_tree=eagle_tree)
-            if method.endswith("_pld"):  # the EAGLE-2 tree and a prompt-lookup chain merged, one forward
+            if method.endswith("_pld"):  # the EAGLE-2 tree with prompt lookup
                 lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
-                decoder = TreeDecoder(model, candidates=MergedCandidates(decoder.candidates, lookup))
+                decoder = TreeDecoder(model, candidates=with_lookup(decoder.candidates, lookup, args))
             self.decoders[method] = decoder
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
@@ -441,7 +452,7 @@ def main(argv=None):
     greedy = args.temperature == 0
     results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
                "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "temperature": args.temperature,
-               "max_new_tokens": args.max_new_tokens, "questions": len(questions), "machine": machine(),
+               "max_new_tokens": args.max_new_tokens, "pld_combine": args.pld_combine, "questions": len(questions), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {},
                "accepted_length_histogram": {}}
     for method in methods:

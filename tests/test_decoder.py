@@ -299,3 +299,17 @@ def test_typical_acceptance_decodes_and_accepts_drafts():
     ids = decoder.generate_ids(prompt, 30, SamplingConfig(temperature=0.5, acceptance="typical", seed=0))
     assert len(ids) == 30 and all(0 <= t < VOCAB for t in ids)
     assert decoder.stats.tau > 1.0  # typical acceptance takes drafted tokens, not only bonus tokens
+
+
+def test_prompt_lookup_first_then_medusa_greedy_equals_hf_fp64():
+    from specheads.inference.candidates import FallbackCandidates, MedusaCandidates, PromptLookupCandidates
+
+    model = tiny_model("llama")
+    source = FallbackCandidates(PromptLookupCandidates(max_ngram=3, num_tokens=5),
+                                MedusaCandidates(fitted_heads(model), TREE, model.lm_head))
+    decoder = TreeDecoder(model, candidates=source)
+    for case in range(4):
+        torch.manual_seed(300 + case)
+        prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
+        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
+    assert min(source.steps_by_source) > 0  # both sources' trees were verified

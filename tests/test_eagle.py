@@ -261,13 +261,18 @@ def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
         torch.testing.assert_close(medusa_last[row, :n], online_last[row, :n], atol=2e-2, rtol=2e-2)
 
 
-def test_eagle_merged_with_prompt_lookup_is_lossless():
-    from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
+@pytest.mark.parametrize("combine", ["merged", "lookup_first"])
+def test_eagle_with_prompt_lookup_is_lossless(combine):
+    from specheads.inference.candidates import FallbackCandidates, MergedCandidates, PromptLookupCandidates
 
     model = deep_tiny_model("llama")
     eagle = EagleCandidates(fitted_draft(model, "eagle3", steps=40), model, top_k=3, depth=3, total_tokens=8)
-    decoder = TreeDecoder(model, candidates=MergedCandidates(eagle, PromptLookupCandidates(3, 5)))
+    lookup = PromptLookupCandidates(3, 5)
+    source = MergedCandidates(eagle, lookup) if combine == "merged" else FallbackCandidates(lookup, eagle)
+    decoder = TreeDecoder(model, candidates=source)
     for case in range(3):
         torch.manual_seed(400 + case)
         prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
         assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
+    if combine == "lookup_first":  # the draft was skipped on some steps and still followed the accepted tokens
+        assert min(source.steps_by_source) > 0
