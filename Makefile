@@ -29,14 +29,15 @@ $(QWEN_STAMP): $(STAMP)
 setup-qwen: $(QWEN_STAMP)
 
 # Train Medusa-1 heads on SmolLM2-135M-Instruct + ShareGPT and print their held-out accuracy, pick
-# their tree for this machine, then benchmark them against HF greedy and HF prompt lookup.
+# their tree for this machine, then benchmark them (alone, and with prompt lookup first) against HF greedy,
+# HF prompt lookup and our prompt lookup.
 # --resume: a second `make demo` continues (or just re-reports) the run instead of redoing it.
 RUN := runs/smollm2-135m-medusa1
 demo: setup
 	$(BIN)/python train/medusa.py --config configs/smollm2-135m.yaml --resume
 	$(BIN)/python scripts/build_tree.py --heads $(RUN)/heads --prompts 16
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads --questions data/questions/sharegpt-dev.jsonl \
-		--methods baseline,prompt_lookup,medusa --temperature 0 --max-new-tokens 128 --max-questions 20 \
+		--methods baseline,prompt_lookup,pld,medusa,medusa_pld --temperature 0 --max-new-tokens 128 --max-questions 20 \
 		--out $(RUN)/bench
 
 # Train EAGLE-1 and EAGLE-3 drafts on the same data (base states cached once per run; ~30 minutes each on
