@@ -15,14 +15,13 @@ Sources: plain (none), Medusa heads, prompt lookup — any source without per-ge
 
 from __future__ import annotations
 
-import inspect
 
 import torch
 from transformers import DynamicCache
 
 from .acceptance import greedy_accept
 from .candidates import MedusaCandidates, NoCandidates
-from .kv_cache import keep_accepted_paths, prepare_cache_for_rollback
+from .kv_cache import cache_argument_name, keep_accepted_paths, prepare_cache_for_rollback
 from .tree import additive_mask
 
 
@@ -52,8 +51,7 @@ class BatchedTreeDecoder:
                              "Medusa or prompt-lookup candidates")
         self.model = model
         self.candidates = candidates or NoCandidates(model.device)
-        parameters = inspect.signature(model.forward).parameters
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self._cache_argument = cache_argument_name(model)
         self.base_forwards = 0
         self.row_forwards = 0  # Σ over forwards of the rows in them: τ = new tokens / row_forwards
 

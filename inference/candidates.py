@@ -110,32 +110,41 @@ def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
     return torch.tensor(ordered, device=proposals[0][0].device), merged.to(proposals[0][0].device)
 
 
-class MergedCandidates:
-    """Several sources in one tree, e.g. Medusa heads plus prompt lookup: one forward verifies both.
-
-    Per-generation hooks (`begin`) and a feature-level draft's `commit` are passed on to the sources that
-    have them, so an EAGLE draft keeps following the accepted tokens whichever source proposed them."""
+class _CombinedSources:
+    """Shared by the ways of combining sources: per-generation hooks (`begin`) and a feature-level draft's
+    `commit` are passed on, so an EAGLE draft keeps following the accepted tokens whichever source proposed
+    them. Sources with their own acceptance rule or verify feedback (sps, lookahead) are refused: a
+    combined tree is verified with the standard rules."""
 
     def __init__(self, *sources):
+        if len(sources) < 2:
+            raise ValueError(f"{type(self).__name__} needs at least two sources")
+        for source in sources:
+            if hasattr(source, "lossless_accept") or hasattr(source, "observe"):
+                raise ValueError(f"{type(source).__name__} brings its own acceptance or verify feedback; "
+                                 f"it cannot be combined with other sources")
         self.sources = sources
         feature_sources = [s for s in sources if hasattr(s, "commit")]
         if len(feature_sources) > 1:
-            raise ValueError("at most one feature-level draft (e.g. EAGLE) per merged tree")
-        self._feature_source = feature_sources[0] if feature_sources else None
-        if self._feature_source is not None:
-            self.feature_layers = self._feature_source.feature_layers
-            self.commit = self._feature_source.commit
+            raise ValueError("at most one feature-level draft (e.g. EAGLE) among combined sources")
+        if feature_sources:
+            self.feature_layers = feature_sources[0].feature_layers
+            self.commit = feature_sources[0].commit
 
     def begin(self, *args) -> None:
         for source in self.sources:
             if hasattr(source, "begin"):
                 source.begin(*args)
 
+
+class MergedCandidates(_CombinedSources):
+    """Several sources in one tree, e.g. Medusa heads plus prompt lookup: one forward verifies both."""
+
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         return merge_token_trees([source.propose(root, hidden, context) for source in self.sources])
 
 
-class FallbackCandidates:
+class FallbackCandidates(_CombinedSources):
     """The first source's tree when it proposes any token, else the next source's (e.g. prompt lookup, and the
     heads only where lookup finds nothing).
 
@@ -144,21 +153,8 @@ class FallbackCandidates:
     feature-level draft (EAGLE) is still committed every step, so it can take over at any step."""
 
     def __init__(self, *sources):
-        if len(sources) < 2:
-            raise ValueError("FallbackCandidates needs at least two sources")
-        self.sources = sources
-        feature_sources = [s for s in sources if hasattr(s, "commit")]
-        if len(feature_sources) > 1:
-            raise ValueError("at most one feature-level draft (e.g. EAGLE) among the sources")
-        if feature_sources:
-            self.feature_layers = feature_sources[0].feature_layers
-            self.commit = feature_sources[0].commit
-        self.steps_by_source = [0] * len(sources)  # how often each source's tree was verified
-
-    def begin(self, *args) -> None:
-        for source in self.sources:
-            if hasattr(source, "begin"):
-                source.begin(*args)
+        super().__init__(*sources)
+        self.steps_by_source = [0] * len(sources)  # trees verified per source, cumulative over generations
 
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         for i, source in enumerate(self.sources):

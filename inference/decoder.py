@@ -22,7 +22,7 @@ from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWar
 
 from .acceptance import children_lists, greedy_accept, lossless_accept, typical_accept
 from .candidates import MedusaCandidates, NoCandidates
-from .kv_cache import keep_accepted_path, prepare_cache_for_rollback
+from .kv_cache import cache_argument_name, keep_accepted_path, prepare_cache_for_rollback
 from .tree import TreeBuffers, additive_mask
 
 
@@ -100,9 +100,8 @@ class TreeDecoder:
             heads.to(device=device, dtype=model.dtype).eval()
             candidates = MedusaCandidates(heads, tree, model.get_output_embeddings(), device)
         self.candidates = candidates or NoCandidates(device)
-        # transformers 5.x renames `past_key_values` to `cache`; use whichever this model takes.
+        self._cache_argument = cache_argument_name(model)
         parameters = inspect.signature(model.forward).parameters
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         # The prefill needs logits at the last prompt position only.
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         self.stats = DecodeStats()

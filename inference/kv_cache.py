@@ -8,7 +8,14 @@ sequence with correct positions (in a batch: every row its own path, one gather 
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+
+
+def cache_argument_name(model) -> str:
+    """The forward keyword for the KV cache: transformers 5.x renames `past_key_values` to `cache`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def prepare_cache_for_rollback(cache) -> None:

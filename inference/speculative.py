@@ -16,7 +16,6 @@ lm_head, sharing the weights (an early exit; no training, so α is modest).
 from __future__ import annotations
 
 import copy
-import inspect
 import time
 from collections import OrderedDict
 
@@ -25,7 +24,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from .acceptance import speculative_accept
-from .kv_cache import prepare_cache_for_rollback
+from .kv_cache import cache_argument_name, prepare_cache_for_rollback
 from .tree import build_tree_buffers, chain_tree
 
 
@@ -88,8 +87,7 @@ class DraftModelCandidates:
         if gamma != "auto" and (not isinstance(gamma, int) or gamma < 1):
             raise ValueError(f"gamma must be a positive int or 'auto', got {gamma!r}")
         self.draft = draft_model.eval()
-        parameters = inspect.signature(draft_model.forward).parameters  # transformers 5.x: `cache`
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self._cache_argument = cache_argument_name(draft_model)
         self.adaptive = gamma == "auto"
         self.max_gamma = max_gamma if self.adaptive else gamma
         self.gamma = min(4, self.max_gamma) if self.adaptive else gamma

@@ -71,7 +71,7 @@ def parse_args(argv=None):
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--pld-tokens", type=int, default=10, help="prompt-lookup draft length (pld, medusa_pld)")
+    parser.add_argument("--pld-tokens", type=int, default=10, help="prompt-lookup draft length (pld, medusa_pld, eagle3_pld)")
     parser.add_argument("--pld-combine", choices=["first", "merge"], default="first",
                         help="medusa_pld / eagle3_pld: the lookup chain when it matches, else the heads' tree "
                              "(first), or both merged into one tree every step (merge)")

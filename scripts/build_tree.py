@@ -34,6 +34,7 @@ from specheads.heads import MedusaHeads
 from specheads.heads.joint import load_adapted_base
 from specheads.heads.medusa import CONFIG_NAME
 from specheads.inference.decoder import TreeDecoder
+from specheads.inference.kv_cache import cache_argument_name
 from specheads.inference.generate import chat_input_ids, eos_token_ids
 from specheads.inference.timing import interleaved_speeds
 from specheads.inference.tree import path_frequencies, tree_from_path_frequencies
@@ -58,7 +59,10 @@ def parse_args(argv=None):
     parser.add_argument("--timed-budgets", type=int, default=4, help="how many of the best-estimated budgets to time")
     parser.add_argument("--timed-tokens", type=int, default=96, help="new tokens per timed answer")
     parser.add_argument("--dry-run", action="store_true", help="print the choice, do not write config.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.timed_prompts > 0 and args.timed_budgets < 1:
+        parser.error("--timed-budgets must be >= 1 when --timed-prompts > 0")
+    return args
 
 
 @torch.inference_mode()
@@ -87,7 +91,7 @@ def step_costs(base, heads, budgets, prefix_length: int, repeats: int = 7) -> tu
     from transformers import DynamicCache
 
     device = base.device
-    cache_argument = TreeDecoder(base)._cache_argument  # `cache` in transformers 5.x, else past_key_values
+    cache_argument = cache_argument_name(base)
     prefix = torch.randint(100, 1000, (1, prefix_length), device=device)
     times = {}
     for n in sorted(set(budgets) | {1}):
@@ -158,10 +162,10 @@ def main(argv=None) -> dict:
         questions = [json.loads(line) for line in Path(args.questions).read_text().splitlines() if line.strip()]
         # bench.py takes the first questions; time on the last ones so the two do not overlap
         prompts = [chat_input_ids(tokenizer, q["turns"][0]) for q in questions[-args.timed_prompts:]]
+        if not prompts:
+            raise SystemExit(f"--questions {args.questions}: no questions to time the budgets on")
         decoders = {"plain": plain, **{row["nodes"]: TreeDecoder(base, heads, trees[row["nodes"]])
                                        for row in ranked[: args.timed_budgets]}}
-        for decoder in decoders.values():  # warm-up
-            decoder.generate_ids(prompts[0], 16, eos_token_ids=eos)
         speeds = interleaved_speeds(decoders, prompts, args.timed_tokens, eos)
         plain_speed = speeds.pop("plain")[0]
         for row in rows:
@@ -170,6 +174,9 @@ def main(argv=None) -> dict:
                 row.update(measured_tau=tau, measured_speedup=speed / plain_speed)
         chosen_by, chosen = "timed", max((row for row in rows if "measured_speedup" in row),
                                          key=lambda row: row["measured_speedup"])
+        if chosen["measured_speedup"] < 1:
+            print(f"note: every timed tree decoded slower than plain decoding here (best "
+                  f"{chosen['measured_speedup']:.2f}x); these heads do not pay on this machine")
     tree = trees[chosen["nodes"]]
     print("rank accuracy (head x rank):")
     for d, row in enumerate(accuracy, 1):

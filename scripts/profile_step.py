@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from specheads.data.models import load_base_model, load_tokenizer

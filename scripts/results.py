@@ -42,6 +42,8 @@ def render_eagle(run: Path, result: dict, config: dict) -> str:
 def render_bench(directory: Path) -> str:
     results = json.loads((directory / "results.json").read_text())
     command = results.get("command", "scripts/bench.py")
+    if "pld_combine" not in results and "_pld" in command:  # run before --pld-combine existed: always merged
+        command += " (medusa_pld/eagle3_pld: merged trees, as --pld-combine merge now)"
     return "\n".join([f"Benchmark `{command}`:", "", (directory / "results.md").read_text().strip()])
 
 

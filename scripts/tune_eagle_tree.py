@@ -40,10 +40,12 @@ def parse_args(argv=None):
     given = args.shapes
     try:
         args.shapes = [tuple(int(v) for v in shape.split(",")) for shape in given.split(";")] if given else CANDIDATES
-        if any(len(shape) != 3 for shape in args.shapes):
+        if any(len(shape) != 3 or shape[0] < 1 or shape[1] < 1 or shape[2] < 2 for shape in args.shapes):
             raise ValueError
+        if len(set(args.shapes)) != len(args.shapes):
+            parser.error(f"--shapes: a shape is given twice in {given!r}")
     except ValueError:
-        parser.error(f"--shapes: expected top_k,depth,total_tokens[;...], got {given!r}")
+        parser.error(f"--shapes: expected top_k,depth,total_tokens[;...], (top_k >= 1, depth >= 1, total_tokens >= 2), got {given!r}")
     return args
 
 
@@ -61,8 +63,6 @@ def main(argv=None) -> dict:
     decoders = {"plain": TreeDecoder(model)}
     for shape in args.shapes:
         decoders[shape] = TreeDecoder(model, candidates=EagleCandidates(draft, model, *shape))
-    for decoder in decoders.values():  # warm-up
-        decoder.generate_ids(prompts[0], 16, eos_token_ids=eos)
     speeds = interleaved_speeds(decoders, prompts, args.max_new_tokens, eos)
     plain_speed = speeds.pop("plain")[0]
     print(f"plain decoding: {plain_speed:.1f} tokens/s")

@@ -106,12 +106,24 @@ def test_tune_eagle_tree_stores_the_fastest_shape(tmp_path, tiny_llama_dir):
     assert stored["eagle_tree"] == chosen and len(stored["eagle_tree_measurements"]["candidates"]) == 5
 
 
-def test_build_tree_times_the_best_estimated_budgets_and_stores_the_fastest(tmp_path, tiny_llama_dir, heads_dir):
+def test_build_tree_times_the_best_estimated_budgets_and_stores_the_fastest(tmp_path, tiny_llama_dir, heads_dir,
+                                                                            monkeypatch):
     import build_tree
     from conftest import synthetic_sharegpt, write_jsonl
 
     from specheads.heads import MedusaHeads
+    from specheads.inference.timing import interleaved_speeds
 
+    timed_budgets = []
+
+    def slowest_estimate_wins(decoders, *args, **kwargs):
+        """Real timings, except that the timed budget the estimate ranked last is made the fastest."""
+        speeds = interleaved_speeds(decoders, *args, **kwargs)
+        timed_budgets.extend(name for name in decoders if name != "plain")
+        speeds[timed_budgets[-1]] = (1e6, 1.0)
+        return speeds
+
+    monkeypatch.setattr(build_tree, "interleaved_speeds", slowest_estimate_wins)
     data = tmp_path / "conversations.jsonl"
     write_jsonl(data, synthetic_sharegpt(12))
     questions = tmp_path / "q.jsonl"
@@ -120,9 +132,19 @@ def test_build_tree_times_the_best_estimated_budgets_and_stores_the_fastest(tmp_
                               "--dataset", str(data), "--heldout-size", "4", "--prompts", "2", "--answer-tokens", "8",
                               "--top-k", "3", "--budgets", "2,3,4", "--prefix-length", "8", "--questions", str(questions),
                               "--timed-prompts", "1", "--timed-budgets", "2", "--timed-tokens", "6"])
-    timed = [row for row in result["budgets"] if "measured_speedup" in row]
-    assert len(timed) == 2 and result["chosen_by"] == "timed"
-    fastest = max(timed, key=lambda row: row["measured_speedup"])
+    assert len(timed_budgets) == 2 and result["chosen_by"] == "timed"
+    by_estimate = sorted(result["budgets"], key=lambda row: -row["estimated_speedup"])
+    assert timed_budgets == [row["nodes"] for row in by_estimate[:2]]  # the estimate's two best, best first
     stored = MedusaHeads.from_pretrained(heads_dir).extra_config
     assert [tuple(p) for p in stored["tree"]] == [tuple(p) for p in result["tree"]]
-    assert len(stored["tree"]) == fastest["nodes"] - 1  # the fastest timed budget's tree, not the estimate's pick
+    assert len(stored["tree"]) == timed_budgets[-1] - 1  # the measured winner, not the estimate's pick
+
+
+def test_tune_eagle_tree_rejects_bad_shapes():
+    import tune_eagle_tree
+
+    args = tune_eagle_tree.parse_args(["--heads", "d", "--shapes", "4,4,10;8,6,26"])
+    assert args.shapes == [(4, 4, 10), (8, 6, 26)]
+    for bad in ("4,4", "0,5,18", "4,4,1", "4,4,10;4,4,10", "a,b,c"):
+        with pytest.raises(SystemExit):
+            tune_eagle_tree.parse_args(["--heads", "d", "--shapes", bad])

@@ -313,3 +313,16 @@ def test_prompt_lookup_first_then_medusa_greedy_equals_hf_fp64():
         prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
         assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
     assert min(source.steps_by_source) > 0  # both sources' trees were verified
+
+
+def test_combined_sources_refuse_sources_with_their_own_acceptance():
+    from specheads.inference.candidates import FallbackCandidates, MergedCandidates, PromptLookupCandidates
+    from specheads.inference.speculative import DraftModelCandidates
+
+    model = tiny_model("llama")
+    sps = DraftModelCandidates(model, gamma=2)
+    for combine in (MergedCandidates, FallbackCandidates):
+        with pytest.raises(ValueError, match="own acceptance"):
+            combine(PromptLookupCandidates(), sps)
+        with pytest.raises(ValueError, match="at least two"):
+            combine(PromptLookupCandidates())

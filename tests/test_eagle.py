@@ -274,5 +274,8 @@ def test_eagle_with_prompt_lookup_is_lossless(combine):
         torch.manual_seed(400 + case)
         prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
         assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
-    if combine == "lookup_first":  # the draft was skipped on some steps and still followed the accepted tokens
+        # the draft read every accepted position, also on the steps where lookup's chain was verified instead
+        committed = prompt.shape[1] + sum(decoder.stats.accepted_lengths)  # prefill, then every step's tokens
+        assert eagle.committed == committed == eagle.cache.get_seq_length(), case
+    if combine == "lookup_first":
         assert min(source.steps_by_source) > 0

