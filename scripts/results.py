@@ -36,6 +36,13 @@ def render_eagle(run: Path, result: dict, config: dict) -> str:
     if "throughput" in result:
         tp = result["throughput"]
         lines += ["", f"Training throughput (last process run): {tp['samples_per_s']:.2f} samples/s."]
+    heads_config = run / "heads" / "config.json"
+    tuned = json.loads(heads_config.read_text()).get("eagle_tree_measurements") if heads_config.is_file() else None
+    if tuned:
+        lines += ["", f"Tree shapes timed by `scripts/tune_eagle_tree.py` (plain decoding {tuned['plain_tokens_per_s']:.1f} "
+                  "tokens/s in the same run):", "", "| top_k | depth | nodes | τ | tokens/s | vs plain |", "|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {c['top_k']} | {c['depth']} | {c['total_tokens']} | {c['tau']:.2f} | {c['tokens_per_s']:.1f} | "
+                  f"{c['speedup']:.2f}x |" for c in tuned["candidates"]]
     return "\n".join(lines)
 
 
@@ -79,6 +86,16 @@ def render(run: Path) -> str:
         lines.append(f"Training throughput: **{tp['samples_per_s']:.2f} samples/s** "
                      f"({tp['tokens_per_s']:.0f} tokens/s, {tp['samples']} samples in {tp['seconds']:.0f} s, "
                      f"{tp['processes']} process).")
+    heads_config = run / "heads" / "config.json"
+    selection = json.loads(heads_config.read_text()).get("tree_selection", {}) if heads_config.is_file() else {}
+    timed = [row for row in selection.get("budgets", []) if "measured_speedup" in row]
+    if timed:
+        lines += ["", f"Tree budgets by `scripts/build_tree.py` (estimate from teacher-forced statistics and forward "
+                  f"timings, then the best {len(timed)} decoded for real against plain decoding; chosen by "
+                  f"{selection.get('chosen_by', 'timed')}: {len(json.loads(heads_config.read_text())['tree']) + 1} nodes):", "",
+                  "| nodes | estimated τ | estimated speedup | measured τ | measured vs plain |", "|---:|---:|---:|---:|---:|"]
+        lines += [f"| {row['nodes']} | {row['estimated_tau']:.2f} | {row['estimated_speedup']:.2f}x | {row['measured_tau']:.2f} | "
+                  f"{row['measured_speedup']:.2f}x |" for row in timed]
     bench = run / "bench" / "results.md"
     if bench.is_file():
         lines += ["", "Decoding benchmark (`scripts/bench.py`, same process, HF greedy `generate` is the baseline):",
