@@ -49,9 +49,10 @@ def render_eagle(run: Path, result: dict, config: dict) -> str:
 def render_bench(directory: Path) -> str:
     results = json.loads((directory / "results.json").read_text())
     command = results.get("command", "scripts/bench.py")
+    note = ""
     if "pld_combine" not in results and "_pld" in command:  # run before --pld-combine existed: always merged
-        command += " (medusa_pld/eagle3_pld: merged trees, as --pld-combine merge now)"
-    return "\n".join([f"Benchmark `{command}`:", "", (directory / "results.md").read_text().strip()])
+        note = " (run before `--pld-combine`: medusa_pld/eagle3_pld are merged trees, as `--pld-combine merge` now)"
+    return "\n".join([f"Benchmark `{command}`{note}:", "", (directory / "results.md").read_text().strip()])
 
 
 def render(run: Path) -> str:
