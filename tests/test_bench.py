@@ -148,3 +148,16 @@ def test_tune_eagle_tree_rejects_bad_shapes():
     for bad in ("4,4", "0,5,18", "4,4,1", "4,4,10;4,4,10", "a,b,c"):
         with pytest.raises(SystemExit):
             tune_eagle_tree.parse_args(["--heads", "d", "--shapes", bad])
+
+
+def test_results_marks_benchmarks_from_before_pld_combine(tmp_path):
+    import results
+
+    for name, extra in (("old", {}), ("new", {"pld_combine": "first"})):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(
+            {"command": "python scripts/bench.py --methods baseline,medusa_pld", **extra}))
+        (folder / "results.md").write_text("| method |\n")
+    assert "merged trees" in results.render_bench(tmp_path / "old")
+    assert "merged trees" not in results.render_bench(tmp_path / "new")
