@@ -138,10 +138,21 @@ class _CombinedSources:
 
 
 class MergedCandidates(_CombinedSources):
-    """Several sources in one tree, e.g. Medusa heads plus prompt lookup: one forward verifies both."""
+    """Several sources in one tree, e.g. Medusa heads plus prompt lookup: one forward verifies both.
+
+    require_first: propose the root alone unless the first source drafts something (the others are not asked),
+    e.g. FallbackCandidates(MergedCandidates(lookup, few_heads_nodes, require_first=True), full_heads_tree):
+    a lookup match plus a few head nodes, else the heads' whole tree."""
+
+    def __init__(self, *sources, require_first: bool = False):
+        super().__init__(*sources)
+        self.require_first = require_first
 
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
-        return merge_token_trees([source.propose(root, hidden, context) for source in self.sources])
+        first = self.sources[0].propose(root, hidden, context)
+        if self.require_first and first[1].num_nodes == 1:
+            return first
+        return merge_token_trees([first] + [source.propose(root, hidden, context) for source in self.sources[1:]])
 
 
 class FallbackCandidates(_CombinedSources):

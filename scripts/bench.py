@@ -44,7 +44,7 @@ from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.inference.batched import BatchedTreeDecoder, left_pad
-from specheads.inference.candidates import FallbackCandidates, MergedCandidates, PromptLookupCandidates
+from specheads.inference.candidates import FallbackCandidates, MedusaCandidates, MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
                                           make_decoder)
@@ -75,6 +75,9 @@ def parse_args(argv=None):
     parser.add_argument("--pld-combine", choices=["first", "merge"], default="first",
                         help="medusa_pld / eagle3_pld: the lookup chain when it matches, else the heads' tree "
                              "(first), or both merged into one tree every step (merge)")
+    parser.add_argument("--pld-heads-tree", default=None,
+                        help="medusa_pld with --pld-combine first: JSON rank paths of the heads merged with the lookup "
+                             "chain when it matches (default: the chain alone)")
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="layers of the self-speculative draft (sps, hf_assisted); default: a quarter of the base's")
     parser.add_argument("--gamma", default="auto", help="sps draft length: an int or 'auto' (from measured α and cost)")
@@ -142,10 +145,13 @@ def reference_of(method: str, methods) -> str:
     return own if own in methods and not method.startswith("baseline") else "baseline"
 
 
-def with_lookup(heads_source, lookup, args):
-    """Heads and prompt lookup as one candidate source, combined as --pld-combine says."""
+def with_lookup(heads_source, lookup, args, heads_on_match=None):
+    """Heads and prompt lookup as one candidate source, combined as --pld-combine says; heads_on_match: a
+    (small) heads source merged with the lookup chain when it matches (first only)."""
     if args.pld_combine == "merge":
         return MergedCandidates(heads_source, lookup)
+    if heads_on_match is not None:
+        return FallbackCandidates(MergedCandidates(lookup, heads_on_match, require_first=True), heads_source)
     return FallbackCandidates(lookup, heads_source)
 
 
@@ -175,7 +181,10 @@ class Runner:
                     self.model_of[name], self.counter_of[name] = target, counter
             if method == "medusa" or "medusa_pld" not in self.decoders:  # medusa_pld: the first set's tree
                 lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
-                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=with_lookup(medusa.candidates, lookup, args))
+                on_match = (MedusaCandidates(head_set, json.loads(args.pld_heads_tree), target.get_output_embeddings(),
+                                             target.device) if args.pld_heads_tree else None)
+                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=with_lookup(medusa.candidates, lookup, args,
+                                                                                          on_match))
         eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens)
         for method, draft in (eagle_drafts or {}).items():
             decoder = make_decoder(model, draft, eagle_tree=eagle_tree)
@@ -452,7 +461,7 @@ def main(argv=None):
     greedy = args.temperature == 0
     results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
                "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "temperature": args.temperature,
-               "max_new_tokens": args.max_new_tokens, "pld_combine": args.pld_combine, "questions": len(questions), "machine": machine(),
+               "max_new_tokens": args.max_new_tokens, "pld_combine": args.pld_combine, "pld_heads_tree": args.pld_heads_tree, "questions": len(questions), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {},
                "accepted_length_histogram": {}}
     for method in methods:

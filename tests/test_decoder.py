@@ -326,3 +326,22 @@ def test_combined_sources_refuse_sources_with_their_own_acceptance():
             combine(PromptLookupCandidates(), sps)
         with pytest.raises(ValueError, match="at least two"):
             combine(PromptLookupCandidates())
+
+
+def test_lookup_match_plus_few_head_nodes_else_the_heads_tree_greedy_equals_hf_fp64():
+    from specheads.inference.candidates import (FallbackCandidates, MedusaCandidates, MergedCandidates,
+                                                PromptLookupCandidates)
+
+    model = tiny_model("llama")
+    heads = fitted_heads(model)
+    on_match = MergedCandidates(PromptLookupCandidates(max_ngram=3, num_tokens=5),
+                                MedusaCandidates(heads, [(0,), (0, 0)], model.lm_head), require_first=True)
+    source = FallbackCandidates(on_match, MedusaCandidates(heads, TREE, model.lm_head))
+    decoder = TreeDecoder(model, candidates=source)
+    for case in range(4):
+        torch.manual_seed(300 + case)
+        prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
+        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
+    assert min(source.steps_by_source) > 0  # matched and unmatched steps both happened
+    root_only = on_match.propose(5, torch.zeros(model.config.hidden_size, dtype=model.dtype), [1, 2, 3])
+    assert root_only[1].num_nodes == 1  # no lookup match: the heads are not asked, the fallback takes over
