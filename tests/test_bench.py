@@ -124,20 +124,30 @@ def test_build_tree_times_the_best_estimated_budgets_and_stores_the_fastest(tmp_
         return speeds
 
     monkeypatch.setattr(build_tree, "interleaved_speeds", slowest_estimate_wins)
+    trees = {}  # budget (nodes incl. root) -> the tree build_tree made for it (few observed paths can make it smaller)
+    make_tree = build_tree.tree_from_path_frequencies
+
+    def recorded_tree(frequencies, num_nodes):
+        trees[num_nodes + 1] = make_tree(frequencies, num_nodes)
+        return trees[num_nodes + 1]
+
+    monkeypatch.setattr(build_tree, "tree_from_path_frequencies", recorded_tree)
     data = tmp_path / "conversations.jsonl"
     write_jsonl(data, synthetic_sharegpt(12))
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n")
     result = build_tree.main(["--heads", str(heads_dir), "--model", str(tiny_llama_dir), "--dtype", "fp32",
                               "--dataset", str(data), "--heldout-size", "4", "--prompts", "2", "--answer-tokens", "8",
-                              "--top-k", "3", "--budgets", "2,3,4", "--prefix-length", "8", "--questions", str(questions),
+                              "--top-k", "3", "--budgets", "2,3", "--prefix-length", "8", "--questions", str(questions),
                               "--timed-prompts", "1", "--timed-budgets", "2", "--timed-tokens", "6"])
     assert len(timed_budgets) == 2 and result["chosen_by"] == "timed"
     by_estimate = sorted(result["budgets"], key=lambda row: -row["estimated_speedup"])
     assert timed_budgets == [row["nodes"] for row in by_estimate[:2]]  # the estimate's two best, best first
     stored = MedusaHeads.from_pretrained(heads_dir).extra_config
     assert [tuple(p) for p in stored["tree"]] == [tuple(p) for p in result["tree"]]
-    assert len(stored["tree"]) == timed_budgets[-1] - 1  # the measured winner, not the estimate's pick
+    # the measured winner's tree, not the estimate's pick
+    assert [tuple(p) for p in stored["tree"]] == [tuple(p) for p in trees[timed_budgets[-1]]]
+    assert trees[timed_budgets[-1]] != trees[timed_budgets[0]]
 
 
 def test_tune_eagle_tree_rejects_bad_shapes():
