@@ -15,7 +15,6 @@ Sources: plain (none), Medusa heads, prompt lookup — any source without per-ge
 
 from __future__ import annotations
 
-
 import torch
 from transformers import DynamicCache
 

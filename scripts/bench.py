@@ -145,9 +145,10 @@ def reference_of(method: str, methods) -> str:
     return own if own in methods and not method.startswith("baseline") else "baseline"
 
 
-def with_lookup(heads_source, lookup, args, heads_on_match=None):
-    """Heads and prompt lookup as one candidate source, combined as --pld-combine says; heads_on_match: a
-    (small) heads source merged with the lookup chain when it matches (first only)."""
+def with_lookup(heads_source, args, heads_on_match=None):
+    """Heads and prompt lookup (--pld-tokens) as one candidate source, combined as --pld-combine says;
+    heads_on_match: a (small) heads source merged with the lookup chain when it matches (first only)."""
+    lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
     if args.pld_combine == "merge":
         return MergedCandidates(heads_source, lookup)
     if heads_on_match is not None:
@@ -180,17 +181,14 @@ class Runner:
                 for name in (method, reference):
                     self.model_of[name], self.counter_of[name] = target, counter
             if method == "medusa" or "medusa_pld" not in self.decoders:  # medusa_pld: the first set's tree
-                lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
                 on_match = (MedusaCandidates(head_set, json.loads(args.pld_heads_tree), target.get_output_embeddings(),
                                              target.device) if args.pld_heads_tree else None)
-                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=with_lookup(medusa.candidates, lookup, args,
-                                                                                          on_match))
+                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=with_lookup(medusa.candidates, args, on_match))
         eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens)
         for method, draft in (eagle_drafts or {}).items():
             decoder = make_decoder(model, draft, eagle_tree=eagle_tree)
             if method.endswith("_pld"):  # the EAGLE-2 tree with prompt lookup
-                lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
-                decoder = TreeDecoder(model, candidates=with_lookup(decoder.candidates, lookup, args))
+                decoder = TreeDecoder(model, candidates=with_lookup(decoder.candidates, args))
             self.decoders[method] = decoder
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 

@@ -23,6 +23,12 @@ VICUNA_TOP1 = [0.56, 0.32, 0.20, 0.15, 0.12]
 VICUNA_TOP5 = [0.78, 0.56, 0.42, 0.34, 0.30]
 
 
+def stored_heads_config(run: Path) -> dict:
+    """The run's heads/config.json (with what build_tree.py / tune_eagle_tree.py stored there), {} if absent."""
+    path = run / "heads" / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def render_eagle(run: Path, result: dict, config: dict) -> str:
     data, eagle = config["data"], config["eagle"]
     rows = ["| draft step | top-1 | top-5 |", "|---:|---:|---:|"]
@@ -36,8 +42,7 @@ def render_eagle(run: Path, result: dict, config: dict) -> str:
     if "throughput" in result:
         tp = result["throughput"]
         lines += ["", f"Training throughput (last process run): {tp['samples_per_s']:.2f} samples/s."]
-    heads_config = run / "heads" / "config.json"
-    tuned = json.loads(heads_config.read_text()).get("eagle_tree_measurements") if heads_config.is_file() else None
+    tuned = stored_heads_config(run).get("eagle_tree_measurements")
     if tuned:
         lines += ["", f"Tree shapes timed by `scripts/tune_eagle_tree.py` (plain decoding {tuned['plain_tokens_per_s']:.1f} "
                   "tokens/s in the same run):", "", "| top_k | depth | nodes | τ | tokens/s | vs plain |", "|---:|---:|---:|---:|---:|---:|"]
@@ -87,13 +92,13 @@ def render(run: Path) -> str:
         lines.append(f"Training throughput: **{tp['samples_per_s']:.2f} samples/s** "
                      f"({tp['tokens_per_s']:.0f} tokens/s, {tp['samples']} samples in {tp['seconds']:.0f} s, "
                      f"{tp['processes']} process).")
-    heads_config = run / "heads" / "config.json"
-    selection = json.loads(heads_config.read_text()).get("tree_selection", {}) if heads_config.is_file() else {}
+    heads_config = stored_heads_config(run)
+    selection = heads_config.get("tree_selection", {})
     timed = [row for row in selection.get("budgets", []) if "measured_speedup" in row]
     if timed:
         lines += ["", f"Tree budgets by `scripts/build_tree.py` (estimate from teacher-forced statistics and forward "
                   f"timings, then the best {len(timed)} decoded for real against plain decoding; chosen by "
-                  f"{selection.get('chosen_by', 'timed')}: {len(json.loads(heads_config.read_text())['tree']) + 1} nodes):", "",
+                  f"{selection.get('chosen_by', 'timed')}: {len(heads_config['tree']) + 1} nodes):", "",
                   "| nodes | estimated τ | estimated speedup | measured τ | measured vs plain |", "|---:|---:|---:|---:|---:|"]
         lines += [f"| {row['nodes']} | {row['estimated_tau']:.2f} | {row['estimated_speedup']:.2f}x | {row['measured_tau']:.2f} | "
                   f"{row['measured_speedup']:.2f}x |" for row in timed]
