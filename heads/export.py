@@ -57,7 +57,7 @@ def vllm_medusa_config(config: MedusaConfig) -> dict:
         "vocab_size": config.vocab_size,
         "num_heads": config.num_heads,
         "num_hidden_layers": config.num_layers,
-        "truncated_vocab_size": config.vocab_size,
+        "truncated_vocab_size": config.projected_vocab_size,  # < vocab_size: a draft vocabulary (token_map)
         "medusa_fc_bias": True,
         "original_lm_head": not config.own_lm_head,
     }
@@ -76,7 +76,9 @@ def vllm_medusa_tensors(heads: MedusaHeads, base_lm_head: torch.Tensor | None = 
             raise ValueError(f"base lm_head weight has shape {tuple(base_lm_head.shape)}, the heads need "
                              f"{expected} (vocab_size, hidden_size): wrong base model?")
         dtype = next((tensor.dtype for tensor in own.values()), base_lm_head.dtype)  # the heads' dtype
-        tensors["lm_heads.0.weight"] = base_lm_head.to(dtype)
+        tensors["lm_heads.0.weight"] = base_lm_head.to(dtype)  # vLLM keeps the token_map rows of it
+    if heads.config.draft_vocab_size:
+        tensors["token_map"] = own["draft_ids"]  # draft index -> token id, as vLLM's truncated vocabulary
     # save_file refuses tensors that share memory (a tied lm_head) or are views: give each its own copy.
     return {name: tensor.detach().cpu().contiguous().clone() for name, tensor in tensors.items()}
 

@@ -132,14 +132,16 @@ def import_vllm_medusa(directory: str | Path) -> MedusaHeads:
     config_path, raw = read_json_config(directory)
     fields = {key: _int_field(raw, key, config_path)
               for key in ("num_heads", "num_hidden_layers", "hidden_size", "vocab_size")}
-    if raw.get("truncated_vocab_size") not in (None, fields["vocab_size"]):
-        raise ValueError(f"{config_path}: truncated_vocab_size {raw['truncated_vocab_size']} != vocab_size "
-                         f"{fields['vocab_size']}: heads over a truncated vocabulary (token_map) are not supported")
+    truncated = _int_field(raw, "truncated_vocab_size", config_path) if "truncated_vocab_size" in raw else None
+    draft_vocab_size = truncated if truncated not in (None, fields["vocab_size"]) else 0  # token_map rows
     original_lm_head = bool(raw.get("original_lm_head", False))
-    config = MedusaConfig(num_heads=fields["num_heads"], num_layers=fields["num_hidden_layers"],
-                          hidden_size=fields["hidden_size"], vocab_size=fields["vocab_size"],
-                          own_lm_head=not original_lm_head,
-                          base_model_name_or_path=raw.get("base_model_name_or_path") or "")
+    try:
+        config = MedusaConfig(num_heads=fields["num_heads"], num_layers=fields["num_hidden_layers"],
+                              hidden_size=fields["hidden_size"], vocab_size=fields["vocab_size"],
+                              own_lm_head=not original_lm_head, draft_vocab_size=draft_vocab_size,
+                              base_model_name_or_path=raw.get("base_model_name_or_path") or "")
+    except ValueError as err:
+        raise ValueError(f"{config_path}: {err}") from err
     weights_path = directory / VLLM_MEDUSA_WEIGHTS
     if not weights_path.is_file():
         refuse_pickles(directory, VLLM_MEDUSA_WEIGHTS)
@@ -156,6 +158,10 @@ def import_vllm_medusa(directory: str | Path) -> MedusaHeads:
             renamed[ours] = (theirs, state[theirs])
         elif theirs.endswith(".bias") and not raw.get("medusa_fc_bias", False):  # blocks without bias
             renamed[ours] = (theirs, torch.zeros(config.hidden_size))
+    if draft_vocab_size:
+        if "token_map" not in state:
+            raise ValueError(f"{weights_path}: truncated_vocab_size {truncated} < vocab_size needs a token_map tensor")
+        renamed["draft_ids"] = ("token_map", state["token_map"].long())
     return load_renamed(config, renamed, weights_path, {"imported_from": "vllm-medusa"})
 
 

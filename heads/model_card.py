@@ -131,6 +131,8 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
     layers = f"{config.num_layers} residual block{'s' if config.num_layers != 1 else ''}"
     projection = ("its own projection to the vocabulary" if config.own_lm_head
                   else "the base model's lm_head (shared, frozen)")
+    if config.draft_vocab_size:
+        projection += f", over a draft vocabulary of the {config.draft_vocab_size} most frequent answer tokens"
 
     front = ["---", "library_name: specheads"]
     if base_id:

@@ -43,7 +43,7 @@ class MedusaCandidates:
         if self.depth == 0:
             return torch.tensor([root], device=hidden.device), self.buffers
         head_logits = self.heads(hidden[None], self.lm_head)[: self.depth, 0]  # [D, V]
-        top = head_logits.topk(self.top_k, dim=-1).indices.flatten()
+        top = self.heads.draft_to_token(head_logits.topk(self.top_k, dim=-1).indices.flatten())
         self._root[0] = root
         flat = torch.cat([self._root, top])
         return flat[self.buffers.candidate_index], self.buffers

@@ -72,7 +72,7 @@ def true_token_ranks(base, heads, sequences, answer_starts, top_k: int) -> torch
     rows = []
     for ids, start in zip(sequences, answer_starts):
         hidden = base(ids[None], output_hidden_states=True).hidden_states[-1][0]
-        top = heads(hidden, base.get_output_embeddings()).topk(top_k, dim=-1).indices  # [K, T, k]
+        top = heads.draft_to_token(heads(hidden, base.get_output_embeddings()).topk(top_k, dim=-1).indices)  # [K, T, k]
         positions = torch.arange(max(start - 1, 0), ids.shape[0] - 2)
         ranks = torch.full((len(positions), num_heads), -1, dtype=torch.long)
         for d in range(num_heads):

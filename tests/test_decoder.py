@@ -1,10 +1,8 @@
 """Tree decoding is lossless: greedy output equals HF greedy `generate`; sampling keeps the distribution."""
 
-import math
 
 import pytest
 import torch
-from torch import nn
 
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.inference.acceptance import children_lists, greedy_accept, lossless_accept, typical_accept
@@ -87,6 +85,33 @@ def test_greedy_equals_hf_generate_fp64(arch):
         total_tokens += sum(decoder.stats.accepted_lengths)
     # the test must exercise acceptance of drafted tokens, not only bonus tokens
     assert total_tokens > 1.3 * total_steps
+
+
+def test_heads_with_a_draft_vocabulary_greedy_equal_hf_fp64():
+    """Heads that can only propose 36 of the 48 tokens: the output is still the base's own."""
+    model = tiny_model("qwen2")
+    fitted = fitted_heads(model)
+    config = MedusaConfig.for_base(model.config, "tiny", num_heads=3, draft_vocab_size=36)
+    heads = MedusaHeads(config).to(model.dtype)
+    heads.blocks.load_state_dict(fitted.blocks.state_dict())
+    heads.set_draft_vocabulary(torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3))[:36])
+    decoder = TreeDecoder(model, heads, TREE)
+    steps = tokens = 0
+    for case in range(4):
+        torch.manual_seed(300 + case)
+        prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
+        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), f"case {case}"
+        steps += len(decoder.stats.accepted_lengths)
+        tokens += sum(decoder.stats.accepted_lengths)
+    assert tokens > 1.2 * steps  # drafts from the reduced vocabulary were accepted
+    # proposals are token ids of the draft vocabulary: head 1's best among them comes first
+    from specheads.inference.candidates import MedusaCandidates
+
+    hidden = torch.randn(1, model.config.hidden_size, dtype=model.dtype)
+    proposed, _ = MedusaCandidates(heads, TREE, model.lm_head).propose(5, hidden, [])
+    assert set(proposed[1:].tolist()) <= set(heads.draft_ids.tolist())
+    full_logits = fitted(hidden, model.lm_head)[0, 0]
+    assert proposed[1] == heads.draft_ids[full_logits[heads.draft_ids].argmax()]
 
 
 def test_plain_decoding_without_heads_equals_hf():

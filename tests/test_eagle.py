@@ -259,6 +259,14 @@ def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
     medusa_last, online_last = medusa(batch, [0, 1, 2])[1], cached._compute(batch)[1]
     for row, n in enumerate(lengths.tolist()):  # padding is zeros in the cache
         torch.testing.assert_close(medusa_last[row, :n], online_last[row, :n], atol=2e-2, rtol=2e-2)
+    # ... but with the same model, data and split, Medusa reads the last states of the EAGLE cache: no forward
+    same_data = load_config(EagleTrainConfig, config)
+    reader = FeatureSource(base, same_data.model.name, asdict(same_data.data), [], "train", same_data.eagle.cache_dir)
+    assert reader.other_directories == [cached.directory]
+    reader._compute = None  # calling the base would fail
+    inputs, last = reader(batch, [0, 1, 2])
+    assert inputs.shape[0] == 0 and not list(reader.directory.glob("*.safetensors"))
+    torch.testing.assert_close(last, again[1])
 
 
 @pytest.mark.parametrize("combine", ["merged", "lookup_first"])

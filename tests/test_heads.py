@@ -84,3 +84,64 @@ def test_damaged_files_name_the_file(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "specheads-medusa", "num_heads": "four"}')
     with pytest.raises(ValueError, match="config.json.*num_heads"):
         MedusaHeads.from_pretrained(tmp_path)
+
+
+def draft_vocab_heads(own: bool, ids=(7, 3, 42, 0, 19, 25)):
+    config = MedusaConfig(num_heads=3, num_layers=1, hidden_size=16, vocab_size=50, own_lm_head=own,
+                          draft_vocab_size=len(ids))
+    base_lm_head = nn.Linear(16, 50, bias=False)
+    heads = MedusaHeads(config)
+    heads.set_draft_vocabulary(torch.tensor(ids))
+    if own:
+        heads.init_from_base_lm_head(base_lm_head)
+    for block in heads.blocks:
+        nn.init.normal_(block[0].linear.weight, std=0.1)
+    return heads, base_lm_head, torch.tensor(ids)
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_draft_vocabulary_projects_onto_its_rows_and_round_trips(tmp_path, own):
+    heads, lm_head, ids = draft_vocab_heads(own)
+    h = torch.randn(2, 4, 16)
+    full = MedusaHeads(MedusaConfig(num_heads=3, num_layers=1, hidden_size=16, vocab_size=50))
+    full.blocks.load_state_dict(heads.blocks.state_dict())
+    logits = heads(h, lm_head)
+    assert logits.shape == (3, 2, 4, 6)  # the draft vocabulary's rows only
+    torch.testing.assert_close(logits, full(h, lm_head)[..., ids])
+    if not own:  # the shared rows are gathered once, and again after the base lm_head changes
+        rows = heads._draft_rows[1][0]
+        heads(h, lm_head)
+        assert heads._draft_rows[1][0] is rows
+        with torch.no_grad():
+            lm_head.weight.mul_(2.0)
+        torch.testing.assert_close(heads(h, lm_head), 2 * logits)
+        with torch.no_grad():
+            lm_head.weight.div_(2.0)
+
+    # index <-> token id; tokens outside the vocabulary become `missing`, IGNORE_INDEX stays
+    assert heads.draft_to_token(torch.tensor([2, 0])).tolist() == [42, 7]
+    assert heads.token_to_draft(torch.tensor([42, 7, 8, -100]), missing=-1).tolist() == [2, 0, -1, -100]
+
+    heads.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["draft_vocab_size"] == 6
+    loaded = MedusaHeads.from_pretrained(tmp_path)
+    assert loaded.draft_ids.tolist() == ids.tolist()
+    assert loaded.token_to_draft(torch.tensor([25, 1]), missing=-7).tolist() == [5, -7]
+    torch.testing.assert_close(loaded(h, lm_head), logits)
+
+
+def test_draft_vocabulary_refusals(tmp_path):
+    with pytest.raises(ValueError, match="draft_vocab_size.*exceeds vocab_size"):
+        MedusaConfig(hidden_size=16, vocab_size=50, draft_vocab_size=51)
+    heads, _, _ = draft_vocab_heads(False)
+    for bad in ([1, 1, 2, 3, 4, 5], [1, 2, 3], [0, 1, 2, 3, 4, 50]):
+        with pytest.raises(ValueError, match="6 distinct token ids in 0..49"):
+            heads.set_draft_vocabulary(torch.tensor(bad))
+    heads.save_pretrained(tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(tmp_path / "model.safetensors")
+    state["draft_ids"] = torch.zeros(6, dtype=torch.long)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="model.safetensors: tensor draft_ids"):
+        MedusaHeads.from_pretrained(tmp_path)

@@ -89,6 +89,29 @@ def test_vllm_medusa_export_names_shapes_config_and_round_trip(tmp_path, own, ba
         torch.testing.assert_close(back(h, base_lm_head), heads(h, base_lm_head), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("own", [False, True])
+def test_vllm_medusa_export_of_a_draft_vocabulary_is_its_token_map(tmp_path, own, base_lm_head):
+    torch.manual_seed(0)
+    heads = MedusaHeads(MedusaConfig(num_heads=K, num_layers=1, hidden_size=H, vocab_size=V, own_lm_head=own,
+                                     draft_vocab_size=20))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.2)
+    heads.set_draft_vocabulary(torch.randperm(V)[:20])
+    heads.save_pretrained(tmp_path / "heads")
+    out = export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
+    assert json.loads((out / "config.json").read_text())["truncated_vocab_size"] == 20
+    tensors = load_file(out / "model.safetensors")
+    assert tensors["token_map"].tolist() == heads.draft_ids.tolist()
+    # vLLM keeps lm_head rows token_map of a full-vocabulary lm_head; the heads' own lm_heads have 20 rows
+    assert tuple(tensors["lm_heads.0.weight"].shape) == ((20, H) if own else (V, H))
+    back = MedusaHeads.from_pretrained(out)
+    assert back.config.draft_vocab_size == 20 and back.draft_ids.tolist() == heads.draft_ids.tolist()
+    h = torch.randn(2, H)
+    with torch.no_grad():
+        torch.testing.assert_close(back(h, base_lm_head), heads(h, base_lm_head), rtol=0, atol=0)
+
+
 def test_vllm_medusa_export_takes_lm_head_from_the_base_model(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -139,8 +162,12 @@ def test_vllm_medusa_import_without_bias_and_refusals(tmp_path):
     save_file({**tensors, "blocks.0.layers.7.weight": torch.zeros(H, H)}, folder / "model.safetensors")
     with pytest.raises(ValueError, match=r"model.safetensors: unexpected tensors blocks.0.layers.7.weight"):
         MedusaHeads.from_pretrained(folder)
+    save_file(tensors, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({**config, "truncated_vocab_size": 50}))
-    with pytest.raises(ValueError, match="config.json: truncated_vocab_size 50"):
+    with pytest.raises(ValueError, match="model.safetensors: truncated_vocab_size 50 < vocab_size needs a token_map"):
+        MedusaHeads.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "truncated_vocab_size": V + 1}))
+    with pytest.raises(ValueError, match="config.json: MedusaConfig.draft_vocab_size .* exceeds vocab_size"):
         MedusaHeads.from_pretrained(folder)
 
 

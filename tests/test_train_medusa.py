@@ -135,3 +135,29 @@ def test_cached_hidden_states_and_chunked_loss(run_config, tmp_path):
         assert (cached[name] - online[name]).norm() <= 0.05 * online[name].norm() + 1e-6, name
     refused = run_training(run_config, "mode=medusa2", "heads.cache_hidden_states=true", check=False)
     assert refused.returncode != 0 and "needs a frozen base" in refused.stderr
+
+
+def test_draft_vocabulary_is_the_most_frequent_answer_tokens(run_config, tmp_path):
+    """heads.draft_vocab_size: the heads store the ids of the most frequent assistant tokens and are
+    evaluated on every held-out token (those outside the vocabulary count as misses)."""
+    from specheads.data.models import load_tokenizer
+    from specheads.heads import MedusaHeads
+    from specheads.train.config import load_config
+    from specheads.train.loop import load_examples
+    from specheads.train.medusa import MedusaTrainConfig
+
+    run_training(run_config, "train.max_steps=2", "heads.draft_vocab_size=24")
+    heads = MedusaHeads.from_pretrained(tmp_path / "run" / "heads")
+    cfg = load_config(MedusaTrainConfig, run_config)
+    train, _ = load_examples(cfg, load_tokenizer(cfg.model.name))
+    counts = torch.zeros(heads.config.vocab_size)
+    for example in train:
+        labels = torch.tensor(example.labels)
+        counts += torch.bincount(labels[labels >= 0], minlength=heads.config.vocab_size)
+    assert heads.draft_ids.shape == (24,) and counts[heads.draft_ids].min() >= counts.sort(descending=True).values[23]
+    evaluation = json.loads((tmp_path / "run" / "eval.json").read_text())
+    full = run_training(run_config, "train.max_steps=2", f"train.output_dir={tmp_path / 'full'}")
+    assert full.returncode == 0
+    assert evaluation["tokens"] == json.loads((tmp_path / "full" / "eval.json").read_text())["tokens"]
+    refused = run_training(run_config, "mode=medusa2", "heads.draft_vocab_size=24", check=False)
+    assert refused.returncode != 0 and "medusa1 only" in refused.stderr

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from specheads.data.tokenization import IGNORE_INDEX
+from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.features import FeatureSource, feature_cache_dir
 from specheads.train.losses import soft_cross_entropy, unrolled_step_mask
@@ -176,15 +176,6 @@ class EagleTask(DraftTask):
     format_result = staticmethod(format_accuracy)
     eval_logs = staticmethod(accuracy_logs)
     final_extra = staticmethod(MedusaTask.final_extra)  # same per-step accuracy record as per-head
-
-
-def frequent_tokens(examples, vocab_size: int, count: int) -> torch.Tensor:
-    """The `count` most frequent assistant tokens of the training data (ties and unseen ids by id)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for example in examples:
-        labels = torch.as_tensor(example.labels)
-        counts += torch.bincount(labels[labels != IGNORE_INDEX], minlength=vocab_size)[:vocab_size]
-    return counts.argsort(descending=True, stable=True)[:count]  # stable: ties keep id order
 
 
 def main(argv=None) -> int:

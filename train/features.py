@@ -5,6 +5,8 @@ store them per example (bf16 safetensors, written atomically) and skip the base 
 cache folder is named by a hash of everything that determines the states — model name, dtype and files,
 all data settings and the data file's contents, the layers kept, the split — so a cache is never reused for
 another model, dataset (or a regenerated file at the same path) or setting. Cached and online states come from the same code (read back in bf16).
+A draft that reads the last hidden state only (Medusa heads) also reads it from a cache made for the same
+model, data and split with more layers kept (an EAGLE-3 draft's), instead of running the base again.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class FeatureSource:
     def __init__(self, base, model_name: str, data_settings: dict, layers: list[int], split: str,
                  cache_dir: str | Path | None = None):
         self.base, self.layers = base, layers
-        self.directory = None
+        self.directory, self.other_directories = None, []
         if cache_dir is not None:
             key = {"model": model_name, "model_dtype": str(base.dtype),
                    "model_files": str(getattr(base.config, "_name_or_path", "")), "data": data_settings,
@@ -57,6 +59,15 @@ class FeatureSource:
             self.directory = Path(cache_dir) / f"{split}-{digest}"
             self.directory.mkdir(parents=True, exist_ok=True)
             (self.directory / "key.json").write_text(json.dumps(key, indent=2))
+            self.other_directories = [] if layers else caches_with_more_layers(Path(cache_dir), split, key)
+
+    def _stored(self, index: int) -> Path | None:
+        """Where this example's states are stored: this cache, else a cache with more layers; None if nowhere."""
+        for directory in [self.directory, *self.other_directories]:
+            path = directory / f"{index:07d}.safetensors"
+            if path.is_file():
+                return path
+        return None
 
     def _path(self, index: int) -> Path:
         return self.directory / f"{index:07d}.safetensors"
@@ -74,7 +85,8 @@ class FeatureSource:
         """-> states of `layers` [len(layers), B, T, H], last hidden state [B, T, H] (both the base's dtype)."""
         if self.directory is None:
             return self._compute(batch)
-        if not all(self._path(i).is_file() for i in indices):
+        paths = [self._stored(i) for i in indices]
+        if None in paths:
             inputs, last = self._compute(batch)
             lengths = batch["attention_mask"].sum(1).tolist()
             for row, (index, n) in enumerate(zip(indices, lengths)):
@@ -82,15 +94,32 @@ class FeatureSource:
                 save_file({"inputs": inputs[:, row, :n].to(torch.bfloat16).contiguous().cpu(),
                            "last": last[row, :n].to(torch.bfloat16).contiguous().cpu()}, str(tmp))
                 os.replace(tmp, self._path(index))
+            paths = [self._path(i) for i in indices]
         length = batch["input_ids"].shape[1]
         inputs, lasts = [], []
-        for index in indices:
+        for path in paths:
             try:
-                stored = load_file(str(self._path(index)))
+                stored = load_file(str(path))
             except Exception as err:
-                raise ValueError(f"feature cache file {self._path(index)} is unreadable ({err}); delete it") from err
+                raise ValueError(f"feature cache file {path} is unreadable ({err}); delete it") from err
             pad = length - stored["last"].shape[0]
-            inputs.append(F.pad(stored["inputs"], (0, 0, 0, pad)))
+            kept = stored["inputs"] if self.layers else stored["last"].new_zeros((0, *stored["last"].shape))
+            inputs.append(F.pad(kept, (0, 0, 0, pad)))
             lasts.append(F.pad(stored["last"], (0, 0, 0, pad)))
         device, dtype = batch["input_ids"].device, self.base.dtype
         return torch.stack(inputs, 1).to(device, dtype), torch.stack(lasts).to(device, dtype)
+
+
+def caches_with_more_layers(cache_dir: Path, split: str, key: dict) -> list[Path]:
+    """Caches in `cache_dir` whose key is `key` but for keeping more layers: their last hidden states are the
+    same (same model, dtype, data and split)."""
+    same = {name: value for name, value in key.items() if name != "layers"}
+    found = []
+    for key_file in sorted(cache_dir.glob(f"{split}-*/key.json")):
+        try:
+            other = json.loads(key_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if other.get("layers") and {name: value for name, value in other.items() if name != "layers"} == same:
+            found.append(key_file.parent)
+    return found

@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.heads.joint import MedusaWithLoRA, lora_config
 from specheads.train.features import FeatureSource, feature_cache_dir
@@ -34,6 +35,7 @@ class HeadsSection:
     num_heads: int = 4
     num_layers: int = 1
     own_lm_head: bool = False
+    draft_vocab_size: int = 0  # > 0: project onto the most frequent answer tokens only (heads/medusa.py)
     loss_chunk: int = 0  # positions per chunk of the heads' loss (K × chunk × V logits at once); 0: all at once
     cache_hidden_states: bool = False  # medusa1: store the frozen base's states once, later epochs skip its forward
     cache_dir: str = ""  # default: <specheads cache>/features
@@ -41,6 +43,8 @@ class HeadsSection:
     def validate(self):
         if self.loss_chunk < 0:
             raise ValueError(f"heads.loss_chunk must be >= 0, got {self.loss_chunk}")
+        if self.draft_vocab_size < 0:
+            raise ValueError(f"heads.draft_vocab_size must be >= 0, got {self.draft_vocab_size}")
 
 
 @dataclass
@@ -91,6 +95,8 @@ class MedusaTrainConfig:
     def validate(self):
         if self.mode == "medusa2" and self.heads.cache_hidden_states:
             raise ValueError("heads.cache_hidden_states needs a frozen base (mode medusa1): LoRA changes the states")
+        if self.mode == "medusa2" and self.heads.draft_vocab_size:
+            raise ValueError("heads.draft_vocab_size is supported in mode medusa1 only")
 
 
 def base_hidden_states(base, batch):
@@ -134,8 +140,14 @@ class MedusaTask(DraftTask):
     def build(self, base, tokenizer, examples):
         h = self.cfg.heads
         config = MedusaConfig.for_base(base.config, self.cfg.model.name, num_heads=h.num_heads,
-                                       num_layers=h.num_layers, own_lm_head=h.own_lm_head)
-        return MedusaHeads(config, base.get_output_embeddings())
+                                       num_layers=h.num_layers, own_lm_head=h.own_lm_head,
+                                       draft_vocab_size=h.draft_vocab_size)
+        heads = MedusaHeads(config)
+        if config.draft_vocab_size:
+            heads.set_draft_vocabulary(frequent_tokens(examples, config.vocab_size, config.draft_vocab_size))
+        if config.own_lm_head:
+            heads.init_from_base_lm_head(base.get_output_embeddings())
+        return heads
 
     def load(self, directory, base):
         return MedusaHeads.from_pretrained(directory, base)
@@ -154,8 +166,9 @@ class MedusaTask(DraftTask):
         hidden, targets = select_trained_positions(self.hidden_states(base, batch, indices, "train"), batch["labels"],
                                                    self.cfg.heads.num_heads)
         lm_head, decay, chunk = base.get_output_embeddings(), self.cfg.train.head_loss_decay, self.cfg.heads.loss_chunk
+        unwrapped = getattr(heads, "module", heads)  # DDP / DeepSpeed wrap the heads
+        targets = unwrapped.token_to_draft(targets, missing=IGNORE_INDEX)  # no loss where the draft cannot hit
         if chunk:
-            unwrapped = getattr(heads, "module", heads)  # DDP / DeepSpeed wrap the heads
             return chunked_medusa_loss(heads(hidden, lm_head, project=False),
                                        lambda x: unwrapped.project(x, lm_head), targets, decay, chunk)
         return medusa_loss(heads(hidden, lm_head), targets, decay)
@@ -169,6 +182,8 @@ class MedusaTask(DraftTask):
         for indices, batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
             hidden, targets = select_trained_positions(self.hidden_states(base, batch, indices, "heldout"),
                                                        batch["labels"], num_heads)
+            unwrapped = getattr(heads, "module", heads)
+            targets = unwrapped.token_to_draft(targets, missing=-1)  # outside the draft vocabulary: a miss
             counts += topk_hits(heads(hidden, base.get_output_embeddings()), targets).to(counts.device)
         heads.train()
         return accuracy_result(accelerator.reduce(counts, reduction="sum"))
