@@ -18,7 +18,7 @@ On disk: `config.json` + `model.safetensors` (see `save_pretrained`).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -113,6 +113,21 @@ class MedusaHeads(nn.Module):
         self.draft_index.fill_(-1)
         self.draft_index[self.draft_ids] = torch.arange(size, device=self.draft_index.device)
         self._draft_rows = None
+
+    def with_draft_vocabulary(self, token_ids: torch.Tensor) -> "MedusaHeads":
+        """A copy of these heads that proposes only `token_ids` (same blocks; own lm_heads keep those rows)."""
+        if self.config.draft_vocab_size:
+            raise ValueError(f"these heads already have a draft vocabulary of {self.config.draft_vocab_size} tokens")
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long)
+        dtype = next(self.parameters()).dtype
+        heads = MedusaHeads(replace(self.config, draft_vocab_size=len(token_ids))).to(dtype)
+        heads.set_draft_vocabulary(token_ids)
+        with torch.no_grad():
+            heads.blocks.load_state_dict(self.blocks.state_dict())
+            for new, old in zip(heads.lm_heads or [], self.lm_heads or []):
+                new.weight.copy_(old.weight[token_ids])
+        heads.extra_config = dict(getattr(self, "extra_config", {}))
+        return heads
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """nn.Module's, then the token -> draft index map is rebuilt from the loaded `draft_ids`."""

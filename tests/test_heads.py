@@ -145,3 +145,19 @@ def test_draft_vocabulary_refusals(tmp_path):
     save_file(state, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="model.safetensors: tensor draft_ids"):
         MedusaHeads.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_trained_heads_restricted_to_a_draft_vocabulary(own):
+    heads, lm_head = make_heads(own)
+    for p in heads.parameters():
+        nn.init.normal_(p, std=0.1)
+    heads.extra_config = {"tree": [[0]]}
+    ids = torch.tensor([4, 9, 1, 33])
+    restricted = heads.with_draft_vocabulary(ids)
+    assert restricted.config.draft_vocab_size == 4 and restricted.extra_config == {"tree": [[0]]}
+    h = torch.randn(3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(restricted(h, lm_head), heads(h, lm_head)[..., ids])
+    with pytest.raises(ValueError, match="already have a draft vocabulary of 4 tokens"):
+        restricted.with_draft_vocabulary(ids)

@@ -161,3 +161,26 @@ def test_draft_vocabulary_is_the_most_frequent_answer_tokens(run_config, tmp_pat
     assert evaluation["tokens"] == json.loads((tmp_path / "full" / "eval.json").read_text())["tokens"]
     refused = run_training(run_config, "mode=medusa2", "heads.draft_vocab_size=24", check=False)
     assert refused.returncode != 0 and "medusa1 only" in refused.stderr
+
+
+def test_draft_vocab_script_restricts_trained_heads(run_config, tmp_path):
+    import importlib.util
+
+    from specheads.heads import MedusaHeads
+
+    run_training(run_config, "train.max_steps=2")
+    spec = importlib.util.spec_from_file_location("draft_vocab", REPO / "scripts" / "draft_vocab.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    heads_dir = tmp_path / "run" / "heads"
+    before = MedusaHeads.from_pretrained(heads_dir)
+    result = script.main(["--heads", str(heads_dir), "--size", "24"])
+    assert result["changed"] and 0 < result["heldout_coverage"] <= 1
+    after = MedusaHeads.from_pretrained(heads_dir)
+    assert after.config.draft_vocab_size == 24 and sorted(p.name for p in heads_dir.parent.iterdir()) == sorted(
+        ["heads", "checkpoints", "logs", "eval.json", "train_config.json"])
+    for name, tensor in before.state_dict().items():
+        torch.testing.assert_close(after.state_dict()[name], tensor)
+    assert script.main(["--heads", str(heads_dir), "--size", "24"])["changed"] is False
+    with pytest.raises(SystemExit, match="already have a draft vocabulary of 24 tokens"):
+        script.main(["--heads", str(heads_dir), "--size", "30"])
