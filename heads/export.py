@@ -75,7 +75,7 @@ def vllm_medusa_tensors(heads: MedusaHeads, base_lm_head: torch.Tensor | None = 
         if tuple(base_lm_head.shape) != expected:
             raise ValueError(f"base lm_head weight has shape {tuple(base_lm_head.shape)}, the heads need "
                              f"{expected} (vocab_size, hidden_size): wrong base model?")
-        dtype = next((tensor.dtype for tensor in own.values()), base_lm_head.dtype)  # the heads' dtype
+        dtype = next((p.dtype for p in heads.parameters()), base_lm_head.dtype)  # the heads' dtype (not draft_ids')
         tensors["lm_heads.0.weight"] = base_lm_head.to(dtype)  # vLLM keeps the token_map rows of it
     if heads.config.draft_vocab_size:
         tensors["token_map"] = own["draft_ids"]  # draft index -> token id, as vLLM's truncated vocabulary

@@ -91,14 +91,19 @@ class MedusaHeads(nn.Module):
             self.register_buffer("draft_ids", torch.arange(config.draft_vocab_size))  # draft index -> token id
             self.register_buffer("draft_index", torch.full((config.vocab_size,), -1), persistent=False)
             self.set_draft_vocabulary(self.draft_ids)
+            # whoever loads a state dict (from_pretrained, a checkpoint, a wrapping module) gets the index rebuilt
+            self.register_load_state_dict_post_hook(lambda module, _: module.set_draft_vocabulary(module.draft_ids.clone()))
         self.lm_heads = None
         if config.own_lm_head:
             self.lm_heads = nn.ModuleList(
                 nn.Linear(config.hidden_size, config.projected_vocab_size, bias=False) for _ in range(config.num_heads)
             )
             if base_lm_head is not None:
+                if config.draft_vocab_size:
+                    raise ValueError("heads with a draft vocabulary: call set_draft_vocabulary, then "
+                                     "init_from_base_lm_head (the rows depend on the vocabulary)")
                 self.init_from_base_lm_head(base_lm_head)
-        self._draft_rows = None  # (key, the base lm_head's draft-vocabulary rows), see _shared_projection
+        self._draft_rows = None  # (lm_head weight, key, its draft-vocabulary rows), see _shared_projection
 
     @torch.no_grad()
     def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
@@ -128,13 +133,6 @@ class MedusaHeads(nn.Module):
                 new.weight.copy_(old.weight[token_ids])
         heads.extra_config = dict(getattr(self, "extra_config", {}))
         return heads
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """nn.Module's, then the token -> draft index map is rebuilt from the loaded `draft_ids`."""
-        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
-        if self.config.draft_vocab_size:
-            self.set_draft_vocabulary(self.draft_ids.clone())
-        return result
 
     def draft_to_token(self, indices: torch.Tensor) -> torch.Tensor:
         """Indices into the heads' logits -> token ids (the identity without a draft vocabulary)."""
@@ -176,12 +174,13 @@ class MedusaHeads(nn.Module):
         """The frozen base lm_head restricted to the draft vocabulary. Its rows are gathered once and kept
         while the weight is unchanged, so a decode step does not copy them again."""
         weight, bias = base_lm_head.weight, getattr(base_lm_head, "bias", None)
-        key = (id(weight), weight._version, weight.device, weight.dtype, torch.is_inference_mode_enabled())
-        if self._draft_rows is None or self._draft_rows[0] != key:
+        key = (weight.data_ptr(), weight._version, weight.device, weight.dtype, torch.is_inference_mode_enabled())
+        cached = self._draft_rows
+        if cached is None or cached[0] is not weight or cached[1] != key:
             with torch.no_grad():
                 rows = (weight[self.draft_ids], None if bias is None else bias[self.draft_ids])
-            self._draft_rows = (key, rows)
-        weight_rows, bias_rows = self._draft_rows[1]
+            self._draft_rows = cached = (weight, key, rows)
+        weight_rows, bias_rows = cached[2]
         return nn.functional.linear(transformed, weight_rows, bias_rows)
 
     # ---- on-disk format -------------------------------------------------------------------

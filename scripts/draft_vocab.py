@@ -7,7 +7,9 @@ full lm_head once per head: on SmolLM2 that is 49k rows per head, ~10% of a step
 most frequent assistant tokens of their own training data (the run's train_config.json, or --config) they
 propose the same tokens wherever the best one is inside that vocabulary, at a fraction of the cost; output
 is unchanged because the base verifies every draft. Prints how much of the held-out answers the vocabulary
-covers. The heads folder is replaced as a whole, so an interruption leaves either the old heads or the new.
+covers. The heads folder is replaced as a whole (other files in it are kept), so an interruption leaves
+either the old heads or the new. Medusa-2 heads (with a LoRA adapter) are refused: their training refuses
+a draft vocabulary too.
 Run build_tree.py afterwards: the heads' cost, and so the best tree, changed.
 """
 
@@ -22,6 +24,7 @@ import torch
 from specheads.data.models import load_tokenizer
 from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads import MedusaHeads
+from specheads.heads.joint import adapter_of
 from specheads.train.config import load_config
 from specheads.train.loop import load_examples
 from specheads.train.medusa import MedusaTrainConfig
@@ -55,6 +58,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     heads_dir = Path(args.heads)
     config_path = Path(args.config) if args.config else heads_dir.parent / "train_config.json"
+    if adapter_of(heads_dir) is not None:
+        raise SystemExit(f"{heads_dir}: Medusa-2 heads (with a LoRA adapter) cannot take a draft vocabulary")
     heads = MedusaHeads.from_pretrained(heads_dir)
     if heads.config.draft_vocab_size:
         if heads.config.draft_vocab_size != args.size:
@@ -73,7 +78,8 @@ def main(argv=None) -> dict:
     restricted = heads.with_draft_vocabulary(token_ids)
     staging = heads_dir.with_name(heads_dir.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
-    restricted.save_pretrained(staging, extra=restricted.extra_config)
+    shutil.copytree(heads_dir, staging)  # keeps a model card or any other file next to the heads
+    restricted.save_pretrained(staging, extra={**restricted.extra_config, "draft_vocab_heldout_coverage": covered})
     replace_folder(staging, heads_dir)
     print(f"{heads_dir}: draft vocabulary of the {args.size} most frequent answer tokens of {len(train)} training "
           f"conversations; it covers {covered:.1%} of the held-out answer tokens")

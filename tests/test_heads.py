@@ -109,9 +109,9 @@ def test_draft_vocabulary_projects_onto_its_rows_and_round_trips(tmp_path, own):
     assert logits.shape == (3, 2, 4, 6)  # the draft vocabulary's rows only
     torch.testing.assert_close(logits, full(h, lm_head)[..., ids])
     if not own:  # the shared rows are gathered once, and again after the base lm_head changes
-        rows = heads._draft_rows[1][0]
+        rows = heads._draft_rows[2][0]
         heads(h, lm_head)
-        assert heads._draft_rows[1][0] is rows
+        assert heads._draft_rows[2][0] is rows
         with torch.no_grad():
             lm_head.weight.mul_(2.0)
         torch.testing.assert_close(heads(h, lm_head), 2 * logits)
@@ -133,7 +133,14 @@ def test_draft_vocabulary_projects_onto_its_rows_and_round_trips(tmp_path, own):
 def test_draft_vocabulary_refusals(tmp_path):
     with pytest.raises(ValueError, match="draft_vocab_size.*exceeds vocab_size"):
         MedusaConfig(hidden_size=16, vocab_size=50, draft_vocab_size=51)
+    config = MedusaConfig(hidden_size=16, vocab_size=50, own_lm_head=True, draft_vocab_size=6)
+    with pytest.raises(ValueError, match="set_draft_vocabulary, then init_from_base_lm_head"):
+        MedusaHeads(config, nn.Linear(16, 50, bias=False))
     heads, _, _ = draft_vocab_heads(False)
+    # a wrapping module's load_state_dict rebuilds the token -> index map too
+    wrapper = nn.ModuleDict({"heads": MedusaHeads(heads.config)})
+    wrapper.load_state_dict({"heads." + name: tensor for name, tensor in heads.state_dict().items()})
+    assert wrapper["heads"].token_to_draft(torch.tensor([42]), missing=-1).tolist() == [2]
     for bad in ([1, 1, 2, 3, 4, 5], [1, 2, 3], [0, 1, 2, 3, 4, 50]):
         with pytest.raises(ValueError, match="6 distinct token ids in 0..49"):
             heads.set_draft_vocabulary(torch.tensor(bad))

@@ -105,6 +105,7 @@ def test_vllm_medusa_export_of_a_draft_vocabulary_is_its_token_map(tmp_path, own
     assert tensors["token_map"].tolist() == heads.draft_ids.tolist()
     # vLLM keeps lm_head rows token_map of a full-vocabulary lm_head; the heads' own lm_heads have 20 rows
     assert tuple(tensors["lm_heads.0.weight"].shape) == ((20, H) if own else (V, H))
+    torch.testing.assert_close(tensors["lm_heads.0.weight"], heads.lm_heads[0].weight if own else base_lm_head.weight)
     back = MedusaHeads.from_pretrained(out)
     assert back.config.draft_vocab_size == 20 and back.draft_ids.tolist() == heads.draft_ids.tolist()
     h = torch.randn(2, H)

@@ -174,13 +174,21 @@ def test_draft_vocab_script_restricts_trained_heads(run_config, tmp_path):
     spec.loader.exec_module(script)
     heads_dir = tmp_path / "run" / "heads"
     before = MedusaHeads.from_pretrained(heads_dir)
+    (heads_dir / "README.md").write_text("model card")
     result = script.main(["--heads", str(heads_dir), "--size", "24"])
+    assert (heads_dir / "README.md").read_text() == "model card"
     assert result["changed"] and 0 < result["heldout_coverage"] <= 1
     after = MedusaHeads.from_pretrained(heads_dir)
     assert after.config.draft_vocab_size == 24 and sorted(p.name for p in heads_dir.parent.iterdir()) == sorted(
-        ["heads", "checkpoints", "logs", "eval.json", "train_config.json"])
+        ["heads", "checkpoints", "logs", "eval.json", "train_config.json"])  # no staging or old folder left
     for name, tensor in before.state_dict().items():
         torch.testing.assert_close(after.state_dict()[name], tensor)
     assert script.main(["--heads", str(heads_dir), "--size", "24"])["changed"] is False
     with pytest.raises(SystemExit, match="already have a draft vocabulary of 24 tokens"):
         script.main(["--heads", str(heads_dir), "--size", "30"])
+    config = json.loads((heads_dir / "config.json").read_text())
+    (heads_dir / "adapter").mkdir()
+    (heads_dir / "adapter" / "adapter_config.json").write_text("{}")
+    (heads_dir / "config.json").write_text(json.dumps({**config, "adapter": "adapter"}))
+    with pytest.raises(SystemExit, match="Medusa-2 heads"):
+        script.main(["--heads", str(heads_dir), "--size", "24"])
