@@ -28,13 +28,15 @@ $(QWEN_STAMP): $(STAMP)
 
 setup-qwen: $(QWEN_STAMP)
 
-# Train Medusa-1 heads on SmolLM2-135M-Instruct + ShareGPT and print their held-out accuracy, pick
-# their tree for this machine, then benchmark them (alone, and with prompt lookup first) against HF greedy,
+# Train Medusa-1 heads on SmolLM2-135M-Instruct + ShareGPT and print their held-out accuracy, restrict
+# their proposals to the 8192 most frequent answer tokens (92% of held-out answer tokens; the heads' cost
+# per step falls from ~6 to ~1 ms), pick their tree for this machine, then benchmark them (alone, and with prompt lookup first) against HF greedy,
 # HF prompt lookup and our prompt lookup.
 # --resume: a second `make demo` continues (or just re-reports) the run instead of redoing it.
 RUN := runs/smollm2-135m-medusa1
 demo: setup
 	$(BIN)/python train/medusa.py --config configs/smollm2-135m.yaml --resume
+	$(BIN)/python scripts/draft_vocab.py --heads $(RUN)/heads --size 8192
 	$(BIN)/python scripts/build_tree.py --heads $(RUN)/heads --prompts 16
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads --questions data/questions/sharegpt-dev.jsonl \
 		--methods baseline,prompt_lookup,pld,medusa,medusa_pld --temperature 0 --max-new-tokens 128 --max-questions 20 \
