@@ -70,12 +70,20 @@ def render(run: Path) -> str:
         ref = f"{VICUNA_TOP1[k]:.2f} / {VICUNA_TOP5[k]:.2f}" if k < len(VICUNA_TOP1) else ""
         rows.append(f"| {k + 1} | {t1:.3f} | {t5:.3f} | {ref} |")
     data, heads, train = config["data"], config["heads"], config["train"]
+    heads_config = stored_heads_config(run)
+    vocabulary = ""
+    if heads_config.get("draft_vocab_size"):
+        vocabulary = f", draft vocabulary {heads_config['draft_vocab_size']}"
+        if not heads.get("draft_vocab_size"):  # given after training
+            coverage = heads_config.get("draft_vocab_heldout_coverage")
+            vocabulary += (" (given after training by scripts/draft_vocab.py" +
+                           (f", {coverage:.1%} of held-out answer tokens)" if coverage is not None else ")"))
     medusa2 = config.get("mode") == "medusa2"
     kind = "Medusa-2 heads (joint with LoRA r={r}, λ0={l}, {b} base loss)".format(
         r=config["lora"]["r"], l=config["joint"]["heads_weight"], b=config["joint"]["base_loss"]) if medusa2 else "Medusa-1 heads"
     lines = [
         f"{kind} on **{config['model']['name']}**, {heads['num_heads']} heads x {heads['num_layers']} block, "
-        f"{'own' if heads['own_lm_head'] else 'shared'} lm_head, {data['dataset']} "
+        f"{'own' if heads['own_lm_head'] else 'shared'} lm_head{vocabulary}, {data['dataset']} "
         f"({data['max_train_conversations'] or 'all'} training conversations, {train['epochs']:g} epoch(s), "
         f"max {data['max_length']} tokens), "
         f"held-out per-head accuracy on {int(result['tokens'][0])} assistant tokens:",
@@ -92,7 +100,6 @@ def render(run: Path) -> str:
         lines.append(f"Training throughput: **{tp['samples_per_s']:.2f} samples/s** "
                      f"({tp['tokens_per_s']:.0f} tokens/s, {tp['samples']} samples in {tp['seconds']:.0f} s, "
                      f"{tp['processes']} process).")
-    heads_config = stored_heads_config(run)
     selection = heads_config.get("tree_selection", {})
     timed = [row for row in selection.get("budgets", []) if "measured_speedup" in row]
     if timed:
