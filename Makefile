@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup setup-qwen demo eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa test test-slow clean
+.PHONY: setup setup-qwen demo eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -95,7 +95,7 @@ qwen-eagle: setup-qwen
 # EAGLE-3 draft's feature cache in place they train in ~7 minutes (else epoch 1 runs the 1.5B, ~31 min);
 # their tree is chosen here, then every method runs at T=0 and T=1 in one benchmark per temperature.
 QWEN_MEDUSA := runs/qwen2.5-coder-1.5b-medusa
-QWEN_METHODS := baseline,hf_prompt_lookup,hf_assisted,pld,sps,lookahead,medusa,medusa_pld
+QWEN_METHODS := $(SEED_METHODS),medusa,medusa_pld
 qwen-medusa: setup-qwen
 	$(BIN)/python train/medusa.py --config configs/qwen2.5-coder-1.5b-medusa.yaml --resume
 	$(BIN)/python scripts/build_tree.py --model $(QWEN) --heads $(QWEN_MEDUSA)/heads --prompts 8 --answer-tokens 96 \
@@ -103,6 +103,13 @@ qwen-medusa: setup-qwen
 	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --heads $(QWEN_MEDUSA)/heads \
 		--methods $(QWEN_METHODS) --temperature $$t --questions data/questions/sharegpt-dev.jsonl \
 		--max-new-tokens 96 --max-questions 8 --out runs/bench-qwen-medusa-t$$t || exit 1; done
+
+# Every method on SmolLM2 with the demo's heads at T=0 and T=1, against HF greedy, HF prompt lookup and HF
+# assisted generation in the same run (needs `make demo` first; ~35 minutes on 2 cores).
+bench-smol: setup
+	for t in 0 1; do $(BIN)/python scripts/bench.py --heads $(RUN)/heads --methods $(SEED_METHODS),medusa,medusa_pld \
+		--temperature $$t --questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 10 \
+		--out runs/bench-smol-all-t$$t || exit 1; done
 
 distill-qwen: setup-qwen
 	$(BIN)/python scripts/self_distill.py --model $(QWEN) --out $(QWEN_DISTILLED) --split train --limit 600 \
