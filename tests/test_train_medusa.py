@@ -184,6 +184,10 @@ def test_draft_vocab_script_restricts_trained_heads(run_config, tmp_path):
     for name, tensor in before.state_dict().items():
         torch.testing.assert_close(after.state_dict()[name], tensor)
     assert script.main(["--heads", str(heads_dir), "--size", "24"])["changed"] is False
+    # a second `make demo`: training resumes (and re-reports) the finished run, then the vocabulary is given again
+    run_training(run_config, "train.max_steps=2", "--resume")
+    script.main(["--heads", str(heads_dir), "--size", "24"])
+    assert MedusaHeads.from_pretrained(heads_dir).config.draft_vocab_size == 24
     with pytest.raises(SystemExit, match="already have a draft vocabulary of 24 tokens"):
         script.main(["--heads", str(heads_dir), "--size", "30"])
     config = json.loads((heads_dir / "config.json").read_text())
