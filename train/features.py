@@ -64,13 +64,13 @@ class FeatureSource:
     def _stored(self, index: int) -> Path | None:
         """Where this example's states are stored: this cache, else a cache with more layers; None if nowhere."""
         for directory in [self.directory, *self.other_directories]:
-            path = directory / f"{index:07d}.safetensors"
+            path = self._path(index, directory)
             if path.is_file():
                 return path
         return None
 
-    def _path(self, index: int) -> Path:
-        return self.directory / f"{index:07d}.safetensors"
+    def _path(self, index: int, directory: Path | None = None) -> Path:
+        return (directory or self.directory) / f"{index:07d}.safetensors"
 
     @torch.no_grad()
     def _compute(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
