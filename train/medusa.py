@@ -179,10 +179,10 @@ class MedusaTask(DraftTask):
         heads.eval()
         num_heads = self.cfg.heads.num_heads
         counts = torch.zeros(num_heads, 3, dtype=torch.float64, device=accelerator.device)
+        unwrapped = getattr(heads, "module", heads)  # DDP / DeepSpeed wrap the heads
         for indices, batch in heldout_batches(examples, pad_token_id, batch_size, accelerator):
             hidden, targets = select_trained_positions(self.hidden_states(base, batch, indices, "heldout"),
                                                        batch["labels"], num_heads)
-            unwrapped = getattr(heads, "module", heads)
             targets = unwrapped.token_to_draft(targets, missing=-1)  # outside the draft vocabulary: a miss
             counts += topk_hits(heads(hidden, base.get_output_embeddings()), targets).to(counts.device)
         heads.train()
