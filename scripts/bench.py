@@ -9,8 +9,9 @@ plain (our decoder without heads), pld (prompt lookup as a candidate source of o
 medusa (our tree decoder with the heads and their tree; --heads NAME=DIR,NAME=DIR compares several sets as
 medusa:NAME; Medusa-2 heads decode on the base with their LoRA adapter merged, and an extra baseline:NAME
 (HF greedy of that adapted model) is their reference for speedup and greedy match), medusa_pld (the heads with
-prompt lookup: --pld-combine first = the lookup chain when it finds one, else the heads' tree; merge = both in
-one tree, verified in one forward), eagle2 / eagle3 (an EAGLE-1 / EAGLE-3 draft from --eagle-heads with an
+prompt lookup: --pld-combine by-match = a lookup chain alone when the match is long enough to trust, a short
+match merged with the heads' tree, else the heads' tree; first = the lookup chain when it finds one, else the
+heads' tree; merge = both in one tree, verified in one forward), eagle2 / eagle3 (an EAGLE-1 / EAGLE-3 draft from --eagle-heads with an
 EAGLE-2 dynamic tree of --eagle-tokens nodes), eagle3_pld (that draft with prompt lookup, as medusa_pld).
 Seed methods: sps (draft-model speculative
 sampling; the draft is the base's first --draft-layers layers + norm + lm_head, weights shared, γ fixed
@@ -44,7 +45,8 @@ from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import MedusaHeads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.inference.batched import BatchedTreeDecoder, left_pad
-from specheads.inference.candidates import FallbackCandidates, MedusaCandidates, MergedCandidates, PromptLookupCandidates
+from specheads.inference.candidates import (FallbackCandidates, MedusaCandidates, MergedCandidates,
+                                            PromptLookupCandidates, lookup_with_heads)
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
                                           make_decoder)
@@ -72,9 +74,14 @@ def parse_args(argv=None):
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--pld-tokens", type=int, default=10, help="prompt-lookup draft length (pld, medusa_pld, eagle3_pld)")
-    parser.add_argument("--pld-combine", choices=["first", "merge"], default="first",
-                        help="medusa_pld / eagle3_pld: the lookup chain when it matches, else the heads' tree "
-                             "(first), or both merged into one tree every step (merge)")
+    parser.add_argument("--pld-combine", choices=["by-match", "first", "merge"], default="by-match",
+                        help="medusa_pld / eagle3_pld: by-match = a lookup chain of --pld-trusted-tokens alone when "
+                             "its match is >= --pld-trusted-ngram tokens long, a shorter match's chain merged with "
+                             "the heads' tree, else the heads' tree (inference/candidates.lookup_with_heads); "
+                             "first = the --pld-tokens chain whenever it matches, else the heads' tree; "
+                             "merge = both in one tree every step")
+    parser.add_argument("--pld-trusted-ngram", type=int, default=2, help="--pld-combine by-match: see there")
+    parser.add_argument("--pld-trusted-tokens", type=int, default=16, help="--pld-combine by-match: see there")
     parser.add_argument("--pld-heads-tree", default=None,
                         help="medusa_pld with --pld-combine first: JSON rank paths of the heads merged with the lookup "
                              "chain when it matches (default: the chain alone)")
@@ -148,6 +155,10 @@ def reference_of(method: str, methods) -> str:
 def with_lookup(heads_source, args, heads_on_match=None):
     """Heads and prompt lookup (--pld-tokens) as one candidate source, combined as --pld-combine says;
     heads_on_match: a (small) heads source merged with the lookup chain when it matches (first only)."""
+    if args.pld_combine == "by-match":
+        if heads_on_match is not None:
+            raise SystemExit("--pld-heads-tree goes with --pld-combine first")
+        return lookup_with_heads(heads_source, args.pld_trusted_ngram, args.pld_trusted_tokens)
     lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
     if args.pld_combine == "merge":
         return MergedCandidates(heads_source, lookup)
@@ -459,7 +470,9 @@ def main(argv=None):
     greedy = args.temperature == 0
     results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
                "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "temperature": args.temperature,
-               "max_new_tokens": args.max_new_tokens, "pld_combine": args.pld_combine, "pld_heads_tree": args.pld_heads_tree, "questions": len(questions), "machine": machine(),
+               "max_new_tokens": args.max_new_tokens, "pld_combine": args.pld_combine, "pld_heads_tree": args.pld_heads_tree,
+               "pld_trusted": [args.pld_trusted_ngram, args.pld_trusted_tokens] if args.pld_combine == "by-match" else None,
+               "questions": len(questions), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {},
                "accepted_length_histogram": {}}
     for method in methods:

@@ -271,6 +271,15 @@ def test_prompt_lookup_finds_latest_longest_match():
     assert tokens.tolist() == [3, 4, 1, 2] and buffers.num_nodes == 4
 
 
+def test_prompt_lookup_min_ngram_ignores_shorter_matches():
+    from specheads.inference.candidates import PromptLookupCandidates
+
+    assert PromptLookupCandidates(max_ngram=3, num_tokens=3, min_ngram=2).lookup([5, 6, 5]) == []
+    assert PromptLookupCandidates(max_ngram=3, num_tokens=3, min_ngram=2).lookup([5, 6, 7, 5, 6]) == [7, 5, 6]
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookupCandidates(max_ngram=2, min_ngram=3)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_prompt_lookup_greedy_equals_hf_generate_fp64(arch):
     from specheads.inference.candidates import PromptLookupCandidates
@@ -370,3 +379,37 @@ def test_lookup_match_plus_few_head_nodes_else_the_heads_tree_greedy_equals_hf_f
     assert min(source.steps_by_source) > 0  # matched and unmatched steps both happened
     root_only = on_match.propose(5, torch.zeros(model.config.hidden_size, dtype=model.dtype), [1, 2, 3])
     assert root_only[1].num_nodes == 1  # no lookup match: the heads are not asked, the fallback takes over
+
+
+def test_lookup_with_heads_trusts_long_matches_and_merges_short_ones():
+    from specheads.inference.candidates import MedusaCandidates, lookup_with_heads
+
+    model = tiny_model("llama")
+    heads = MedusaCandidates(random_heads(model), TREE, model.lm_head)
+    source = lookup_with_heads(heads, trusted_ngram=2, trusted_tokens=4, short_match_tokens=2)
+    hidden = torch.zeros(model.config.hidden_size, dtype=model.dtype)
+    tokens, buffers = source.propose(6, hidden, [4, 5, 6, 7, 8, 9, 10, 5])  # "5 6" matched: the chain alone
+    assert tokens.tolist() == [6, 7, 8, 9, 10] and buffers.num_nodes == 5
+    tokens, buffers = source.propose(6, hidden, [6, 7, 8, 9])  # only "6" matched: chain merged with the heads' tree
+    assert buffers.num_nodes > heads.buffers.num_nodes
+    chain_node = [n for n in range(buffers.num_nodes) if int(buffers.parent[n]) == 0 and int(tokens[n]) == 7]
+    assert any(int(buffers.parent[n]) == chain_node[0] and int(tokens[n]) == 8 for n in range(buffers.num_nodes))
+    tokens, buffers = source.propose(6, hidden, [11, 12])  # no match: the heads' static tree, buffers as built
+    assert buffers is heads.buffers
+    with pytest.raises(ValueError, match="trusted_ngram"):
+        lookup_with_heads(heads, trusted_ngram=1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_lookup_with_heads_greedy_equals_hf_fp64(arch):
+    from specheads.inference.candidates import MedusaCandidates, lookup_with_heads
+
+    model = tiny_model(arch)
+    source = lookup_with_heads(MedusaCandidates(fitted_heads(model), TREE, model.lm_head),
+                               trusted_ngram=2, trusted_tokens=6, short_match_tokens=3)
+    decoder = TreeDecoder(model, candidates=source)
+    for case in range(4):
+        torch.manual_seed(300 + case)
+        prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
+        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
+    assert min(source.steps_by_source) > 0  # trusted matches and the merged/heads trees were both verified
