@@ -57,6 +57,8 @@ def render_bench(directory: Path) -> str:
     note = ""
     if "pld_combine" not in results and "_pld" in command:  # run before --pld-combine existed: always merged
         note = " (run before `--pld-combine`: medusa_pld/eagle3_pld are merged trees, as `--pld-combine merge` now)"
+    elif results.get("pld_combine") == "first" and "_pld" in command and "--pld-combine" not in command:
+        note = " (run when `--pld-combine first` was the default: the lookup chain whenever it matches, else the heads)"
     return "\n".join([f"Benchmark `{command}`{note}:", "", (directory / "results.md").read_text().strip()])
 
 
