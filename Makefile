@@ -30,8 +30,8 @@ setup-qwen: $(QWEN_STAMP)
 
 # Train Medusa-1 heads on SmolLM2-135M-Instruct + ShareGPT and print their held-out accuracy, restrict
 # their proposals to the 8192 most frequent answer tokens (92% of held-out answer tokens; the heads' cost
-# per step falls from ~6 to ~1 ms), pick their tree for this machine, then benchmark them (alone, and with prompt lookup first) against HF greedy,
-# HF prompt lookup and our prompt lookup.
+# per step falls from ~6 to ~1 ms), pick their tree for this machine, then benchmark them (alone, and with prompt
+# lookup trusted by match length: lookup_with_heads) against HF greedy, HF prompt lookup and our prompt lookup.
 # --resume: a second `make demo` continues (or just re-reports) the run instead of redoing it.
 RUN := runs/smollm2-135m-medusa1
 demo: setup
