@@ -92,6 +92,8 @@ def parse_args(argv=None):
     parser.add_argument("--lookahead-ngram", type=int, default=4, help="lookahead N")
     parser.add_argument("--lookahead-pool", type=int, default=5, help="lookahead G (n-grams verified per step)")
     parser.add_argument("--max-questions", type=int, default=None)
+    parser.add_argument("--skip-questions", type=int, default=0,
+                        help="start after this many questions of the file (e.g. a second, untuned half)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=None,
@@ -100,7 +102,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def load_questions(path, limit=None) -> list[dict]:
+def load_questions(path, limit=None, skip=0) -> list[dict]:
     questions = []
     with open(path) as f:
         for line_no, line in enumerate(f, 1):
@@ -111,7 +113,9 @@ def load_questions(path, limit=None) -> list[dict]:
                 if key not in q:
                     raise ValueError(f"{path}:{line_no}: question lacks {key!r}")
             questions.append(q)
-    return questions[:limit]
+    if skip >= len(questions):
+        raise ValueError(f"{path}: --skip-questions {skip} leaves none of its {len(questions)} questions")
+    return questions[skip:][:limit]
 
 
 class ForwardCounter:
@@ -453,7 +457,7 @@ def main(argv=None):
             methods = [n for m in methods for n in (heads if m == "medusa" else [m])]
         methods += [own_baseline(m) for m, (target, _) in heads.items()
                     if target is not model and m in methods]
-    questions = load_questions(args.questions, args.max_questions)
+    questions = load_questions(args.questions, args.max_questions, args.skip_questions)
     if "baseline" not in methods:
         methods = ["baseline"] + methods  # speedup is always against HF greedy in the same run
     if args.batch_size:

@@ -56,6 +56,18 @@ def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_d
     assert "| medusa |" in (out / "results.md").read_text()
 
 
+def test_questions_skip_and_limit(tmp_path):
+    import bench
+
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question_id": str(i), "category": "qa", "turns": ["hi"]}) + "\n"
+                            for i in range(5)))
+    assert [q["question_id"] for q in bench.load_questions(path, limit=2, skip=3)] == ["3", "4"]
+    assert [q["question_id"] for q in bench.load_questions(path, limit=2)] == ["0", "1"]
+    with pytest.raises(ValueError, match="skip-questions 5"):
+        bench.load_questions(path, skip=5)
+
+
 def test_bench_rejects_unknown_method(tmp_path):
     import bench
 
