@@ -3,6 +3,7 @@
     python inference/chat.py --model smollm2-135m-instruct --heads runs/smollm2-135m-medusa1/heads
     python inference/chat.py --heads runs/smollm2-135m-eagle3/heads      # EAGLE drafts: EAGLE-2 dynamic tree
     python inference/chat.py --model smollm2-135m-instruct --no-heads --prompt "Hello!"
+    python inference/chat.py --heads runs/smollm2-135m-medusa1/heads --prompt-lookup   # heads + prompt lookup
 
 Commands: /reset clears the conversation, /quit (or Ctrl-D, Ctrl-C) leaves. After each answer
 one line reports tokens, tokens/s and τ (tokens per base forward).
@@ -26,6 +27,9 @@ def parse_args(argv):
     parser.add_argument("--heads", default=None,
                         help=f"Medusa heads or EAGLE draft folder (default {DEFAULT_HEADS} if present)")
     parser.add_argument("--no-heads", action="store_true", help="plain decoding, one token per forward")
+    parser.add_argument("--prompt-lookup", action="store_true",
+                        help="also draft by copying from the conversation (prompt lookup, trusted by match length; "
+                             "bench.py's medusa_pld); with --no-heads, prompt lookup alone")
     parser.add_argument("--tree", default=None, help="JSON list of rank paths; default: the tree stored with the heads")
     parser.add_argument("--tree-top-k", type=int, default=None, help="EAGLE: children kept per expanded node")
     parser.add_argument("--tree-depth", type=int, default=None, help="EAGLE: draft steps per tree")
@@ -51,7 +55,9 @@ def load_generator(args) -> SpeculativeGenerator:
         if heads is None:
             raise SystemExit(f"no heads: pass --heads DIR (e.g. after `make demo`: {DEFAULT_HEADS}) or --no-heads")
     tree = json.loads(args.tree) if args.tree else None
-    return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree, eagle_tree=eagle_tree_options(args.tree_top_k, args.tree_depth, args.tree_tokens))
+    eagle_tree = eagle_tree_options(args.tree_top_k, args.tree_depth, args.tree_tokens)
+    return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree, eagle_tree=eagle_tree,
+                                                prompt_lookup=args.prompt_lookup)
 
 
 def answer(generator, messages, args, out) -> str:

@@ -19,6 +19,7 @@ from specheads.heads import EagleDraft, MedusaHeads
 from specheads.heads.eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
 from specheads.heads.joint import load_adapted_base
 
+from .candidates import PromptLookupCandidates, lookup_with_heads
 from .decoder import DecodeStats, SamplingConfig, TreeDecoder
 from .eagle import EagleCandidates
 
@@ -41,14 +42,23 @@ def eagle_tree_options(top_k: int | None = None, depth: int | None = None, total
     return {key: value for key, value in given.items() if value is not None}
 
 
-def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None) -> TreeDecoder:
+def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None,
+                 prompt_lookup: bool = False) -> TreeDecoder:
     """The decoder for these heads: Medusa with a static tree, EAGLE with an EAGLE-2 dynamic tree.
 
-    eagle_tree: top_k / depth / total_tokens; default the settings stored with the draft, else EAGLE-2's shape."""
+    eagle_tree: top_k / depth / total_tokens; default the settings stored with the draft, else EAGLE-2's shape.
+    prompt_lookup: also copy from the prompt and answer so far (candidates.lookup_with_heads; without heads,
+    prompt lookup alone)."""
     if isinstance(heads, EagleDraft):
         settings = {**(getattr(heads, "extra_config", {}) or {}).get("eagle_tree", {}), **(eagle_tree or {})}
-        return TreeDecoder(model, candidates=EagleCandidates(heads, model, **settings))
-    return TreeDecoder(model, heads, tree)
+        decoder = TreeDecoder(model, candidates=EagleCandidates(heads, model, **settings))
+    else:
+        decoder = TreeDecoder(model, heads, tree)
+    if not prompt_lookup:
+        return decoder
+    if heads is None:
+        return TreeDecoder(model, candidates=PromptLookupCandidates(device=model.device))
+    return TreeDecoder(model, candidates=lookup_with_heads(decoder.candidates, device=model.device))
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -108,21 +118,22 @@ def stream_text(token_chunks: Iterator[list[int]], tokenizer, stop_strings=()) -
 class SpeculativeGenerator:
     """A base model, its tokenizer and (optionally) draft heads: Medusa with their tree, or EAGLE."""
 
-    def __init__(self, model, tokenizer, heads=None, tree=None, eagle_tree: dict | None = None):
+    def __init__(self, model, tokenizer, heads=None, tree=None, eagle_tree: dict | None = None,
+                 prompt_lookup: bool = False):
         self.model = model
         self.tokenizer = tokenizer
-        self.decoder = make_decoder(model, heads, tree, eagle_tree)
+        self.decoder = make_decoder(model, heads, tree, eagle_tree, prompt_lookup)
         self.eos = eos_token_ids(model, tokenizer)
 
     @classmethod
     def from_pretrained(cls, model: str = "smollm2-135m-instruct", heads: str | None = None,
                         dtype: str = "auto", tree=None, device: str = "cpu",
-                        eagle_tree: dict | None = None) -> "SpeculativeGenerator":
+                        eagle_tree: dict | None = None, prompt_lookup: bool = False) -> "SpeculativeGenerator":
         base = load_base_model(model, dtype, device)
         if heads:  # Medusa-2 heads carry the LoRA adapter they were trained with: fold it into the base
             base = load_adapted_base(base, heads)
         draft = load_draft_heads(heads, base) if heads else None
-        return cls(base, load_tokenizer(model), draft, tree, eagle_tree)
+        return cls(base, load_tokenizer(model), draft, tree, eagle_tree, prompt_lookup)
 
     @property
     def stats(self) -> DecodeStats:

@@ -100,3 +100,27 @@ def test_chat_with_an_eagle_draft_answers_like_plain_decoding(tmp_path, tiny_lla
     plain = run_chat([*common, "--no-heads"], "")
     assert eagle.returncode == 0, eagle.stderr
     assert eagle.stdout.split("\n[")[0] == plain.stdout.split("\n[")[0]
+
+
+def test_chat_with_prompt_lookup_answers_like_plain_decoding(tiny_llama_dir, tiny_heads_dir):
+    common = ["--model", str(tiny_llama_dir), "--prompt", "Hi Hi Hi", "--max-new-tokens", "16", "--dtype", "fp32"]
+    plain = run_chat([*common, "--no-heads"], "")
+    for extra in (["--heads", str(tiny_heads_dir)], ["--no-heads"]):
+        lookup = run_chat([*common, *extra, "--prompt-lookup"], "")
+        assert lookup.returncode == 0, lookup.stderr
+        assert lookup.stdout.split("\n[")[0] == plain.stdout.split("\n[")[0], extra
+
+
+def test_make_decoder_with_prompt_lookup_picks_the_sources():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specheads.inference.candidates import FallbackCandidates, PromptLookupCandidates
+    from specheads.inference.generate import make_decoder
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    heads = MedusaHeads(MedusaConfig.for_base(model.config, "tiny", num_heads=2))
+    assert isinstance(make_decoder(model, prompt_lookup=True).candidates, PromptLookupCandidates)
+    combined = make_decoder(model, heads, [[0], [1], [0, 0]], prompt_lookup=True).candidates
+    assert isinstance(combined, FallbackCandidates)
+    assert combined.sources[1].sources[0].buffers.num_nodes == 4  # the heads' own tree inside the merge
