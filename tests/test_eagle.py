@@ -269,14 +269,17 @@ def test_cached_features_equal_online_features(tmp_path, tiny_llama_dir):
     torch.testing.assert_close(last, again[1])
 
 
-@pytest.mark.parametrize("combine", ["merged", "lookup_first"])
+@pytest.mark.parametrize("combine", ["merged", "lookup_first", "by_match"])
 def test_eagle_with_prompt_lookup_is_lossless(combine):
-    from specheads.inference.candidates import FallbackCandidates, MergedCandidates, PromptLookupCandidates
+    from specheads.inference.candidates import (FallbackCandidates, MergedCandidates, PromptLookupCandidates,
+                                                lookup_with_heads)
 
     model = deep_tiny_model("llama")
     eagle = EagleCandidates(fitted_draft(model, "eagle3", steps=40), model, top_k=3, depth=3, total_tokens=8)
     lookup = PromptLookupCandidates(3, 5)
-    source = MergedCandidates(eagle, lookup) if combine == "merged" else FallbackCandidates(lookup, eagle)
+    source = {"merged": lambda: MergedCandidates(eagle, lookup),
+              "lookup_first": lambda: FallbackCandidates(lookup, eagle),
+              "by_match": lambda: lookup_with_heads(eagle, trusted_tokens=5, short_match_tokens=3)}[combine]()
     decoder = TreeDecoder(model, candidates=source)
     for case in range(3):
         torch.manual_seed(400 + case)
@@ -285,5 +288,5 @@ def test_eagle_with_prompt_lookup_is_lossless(combine):
         # the draft read every accepted position, also on the steps where lookup's chain was verified instead
         committed = prompt.shape[1] + sum(decoder.stats.accepted_lengths)  # prefill, then every step's tokens
         assert eagle.committed == committed == eagle.cache.get_seq_length(), case
-    if combine == "lookup_first":
+    if combine != "merged":
         assert min(source.steps_by_source) > 0
