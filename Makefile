@@ -80,7 +80,7 @@ bench-qwen: setup-qwen
 # against HF greedy, HF prompt lookup and ours. Slow: ~2.5 hours on 2 cores; epoch 1 runs the 1.5B forward
 # over the training data (~31 min) and caches its states on disk, each later epoch reads them (~12 min);
 # interrupted, a rerun continues from the last checkpoint.
-QWEN_DISTILLED := data/distilled/qwen2.5-coder-1.5b-sharegpt-train.jsonl
+QWEN_DISTILLED ?= data/distilled/qwen2.5-coder-1.5b-sharegpt-train.jsonl
 QWEN_EAGLE := runs/qwen2.5-coder-1.5b-eagle3
 qwen-eagle: setup-qwen
 	$(BIN)/python train/eagle.py --config configs/qwen2.5-coder-1.5b-eagle3.yaml --resume
@@ -111,8 +111,11 @@ bench-smol: setup
 		--temperature $$t --questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 10 \
 		--out runs/bench-smol-all-t$$t || exit 1; done
 
+# QWEN_LIMIT=1200 QWEN_DISTILLED=data/distilled/qwen2.5-coder-1.5b-sharegpt-train-1200.jsonl: the committed file of
+# twice the answers (made by copying the 600-answer file there first: the script resumes, so only 600 are new, ~28 min).
+QWEN_LIMIT ?= 600
 distill-qwen: setup-qwen
-	$(BIN)/python scripts/self_distill.py --model $(QWEN) --out $(QWEN_DISTILLED) --split train --limit 600 \
+	$(BIN)/python scripts/self_distill.py --model $(QWEN) --out $(QWEN_DISTILLED) --split train --limit $(QWEN_LIMIT) \
 		--batch-size 32 --max-new-tokens 160 --max-prompt-tokens 256
 
 # Regenerate the self-distilled training data of the demo (SmolLM2's own answers; ~15 minutes).
