@@ -156,14 +156,15 @@ def reference_of(method: str, methods) -> str:
     return own if own in methods and not method.startswith("baseline") else "baseline"
 
 
-def with_lookup(heads_source, args, heads_on_match=None):
-    """Heads and prompt lookup (--pld-tokens) as one candidate source, combined as --pld-combine says;
-    heads_on_match: a (small) heads source merged with the lookup chain when it matches (first only)."""
+def with_lookup(heads_source, args, device, heads_on_match=None):
+    """Heads and prompt lookup (--pld-tokens) as one candidate source, combined as --pld-combine says, its trees
+    on the model's device; heads_on_match: a (small) heads source merged with the lookup chain when it matches
+    (first only)."""
     if args.pld_combine == "by-match":
         if heads_on_match is not None:
             raise SystemExit("--pld-heads-tree goes with --pld-combine first")
-        return lookup_with_heads(heads_source, args.pld_trusted_ngram, args.pld_trusted_tokens)
-    lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens)
+        return lookup_with_heads(heads_source, args.pld_trusted_ngram, args.pld_trusted_tokens, device=device)
+    lookup = PromptLookupCandidates(max_ngram=3, num_tokens=args.pld_tokens, device=device)
     if args.pld_combine == "merge":
         return MergedCandidates(heads_source, lookup)
     if heads_on_match is not None:
@@ -178,7 +179,7 @@ class Runner:
         self.counter = ForwardCounter(model)
         self.model_of, self.counter_of = {}, {}  # methods that run on another (LoRA-adapted) model
         self.decoders = {"plain": TreeDecoder(model),
-                         "pld": TreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens)),
+                         "pld": TreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens, model.device)),
                          "lookahead": TreeDecoder(model, candidates=LookaheadCandidates(
                              args.lookahead_window, args.lookahead_ngram, args.lookahead_pool, model.device))}
         layers = model.config.num_hidden_layers
@@ -198,12 +199,13 @@ class Runner:
             if method == "medusa" or "medusa_pld" not in self.decoders:  # medusa_pld: the first set's tree
                 on_match = (MedusaCandidates(head_set, json.loads(args.pld_heads_tree), target.get_output_embeddings(),
                                              target.device) if args.pld_heads_tree else None)
-                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=with_lookup(medusa.candidates, args, on_match))
+                combined = with_lookup(medusa.candidates, args, target.device, on_match)
+                self.decoders["medusa_pld"] = TreeDecoder(target, candidates=combined)
         eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens)
         for method, draft in (eagle_drafts or {}).items():
             decoder = make_decoder(model, draft, eagle_tree=eagle_tree)
             if method.endswith("_pld"):  # the EAGLE-2 tree with prompt lookup
-                decoder = TreeDecoder(model, candidates=with_lookup(decoder.candidates, args))
+                decoder = TreeDecoder(model, candidates=with_lookup(decoder.candidates, args, model.device))
             self.decoders[method] = decoder
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
@@ -382,7 +384,7 @@ def run_batched(args, model, tokenizer, heads, methods, questions) -> dict:
     eos = eos_token_ids(model, tokenizer)
     tree = json.loads(args.tree) if args.tree else None
     decoders = {"plain": BatchedTreeDecoder(model),
-                "pld": BatchedTreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens))}
+                "pld": BatchedTreeDecoder(model, candidates=PromptLookupCandidates(3, args.pld_tokens, model.device))}
     if heads:
         if len(heads) > 1 or next(iter(heads.values()))[0] is not model:
             raise SystemExit("--batch-size: one plain heads folder (a Medusa-2 folder: use its merged export)")
