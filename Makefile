@@ -42,16 +42,16 @@ demo: setup
 		--methods baseline,prompt_lookup,pld,medusa,medusa_pld --temperature 0 --max-new-tokens 128 --max-questions 20 \
 		--out $(RUN)/bench
 
-# Train EAGLE-1 and EAGLE-3 drafts on the same data (base states cached once per run; ~30 minutes each on
-# 2 cores) and benchmark them with EAGLE-2 dynamic trees against the demo's Medusa heads and HF.
+# Train EAGLE-1 (the demo's 800 answers, ~30 minutes) and EAGLE-3 (3,000 answers, ~50 minutes) drafts (base states
+# cached once per run) and benchmark them with EAGLE-2 dynamic trees against the demo's Medusa heads and HF.
 eagle: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume
 	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle1/heads
-	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle3/heads
+	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle3-3k/heads --prompts 6
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
-		--eagle-heads runs/smollm2-135m-eagle1/heads,runs/smollm2-135m-eagle3/heads \
-		--questions data/questions/sharegpt-dev.jsonl --methods baseline,prompt_lookup,medusa,eagle2,eagle3 \
+		--eagle-heads runs/smollm2-135m-eagle1/heads,runs/smollm2-135m-eagle3-3k/heads \
+		--questions data/questions/sharegpt-dev.jsonl --methods baseline,medusa,medusa_pld,eagle2,eagle3,eagle3_pld \
 		--temperature 0 --max-new-tokens 128 --max-questions 20 --out runs/bench-eagle
 
 # Medusa-1 on ShareGPT's original answers vs Medusa-1 on self-distilled answers (the demo's heads) vs Medusa-2
