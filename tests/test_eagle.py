@@ -290,3 +290,36 @@ def test_eagle_with_prompt_lookup_is_lossless(combine):
         assert eagle.committed == committed == eagle.cache.get_seq_length(), case
     if combine != "merged":
         assert min(source.steps_by_source) > 0
+
+
+def test_train_eagle_from_a_saved_draft(tmp_path, tiny_llama_dir):
+    """eagle.init_draft starts from the saved weights and vocabulary mapping; a draft of another shape is refused."""
+    data = tmp_path / "conversations.jsonl"
+    write_jsonl(data, synthetic_sharegpt(12))
+
+    def train(name, lr, **eagle):
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(json.dumps({
+            "model": {"name": str(tiny_llama_dir), "dtype": "fp32"},
+            "data": {"dataset": str(data), "max_length": 48, "heldout_size": 2},
+            "eagle": {"variant": "eagle3", "draft_vocab_size": 500, "aux_layer_ids": [0, 1, 1], "ttt_steps": 2,
+                      "eval_steps": 2, "cache_dir": str(tmp_path / "cache"), **eagle},
+            "train": {"output_dir": str(tmp_path / name), "epochs": 1, "batch_size": 4, "lr": lr,
+                      "mixed_precision": "no"},
+        }))
+        return subprocess.run([sys.executable, str(REPO / "train" / "eagle.py"), "--config", str(config)],
+                              capture_output=True, text=True, cwd=REPO)
+
+    first = train("first", 1e-2)
+    assert first.returncode == 0, first.stdout + first.stderr
+    saved = tmp_path / "first" / "heads"
+    again = train("again", 0.0, init_draft=str(saved))  # lr 0: the weights must come back unchanged
+    assert again.returncode == 0, again.stdout + again.stderr
+    before = EagleDraft.from_pretrained(saved).state_dict()
+    after = EagleDraft.from_pretrained(tmp_path / "again" / "heads").state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+    refused = train("refused", 1e-2, init_draft=str(saved), draft_vocab_size=400)
+    assert refused.returncode != 0
+    assert "eagle.init_draft" in refused.stderr and "draft_vocab_size=500" in refused.stderr

@@ -40,6 +40,7 @@ class EagleSection:
     input_noise: float = 0.0  # EAGLE-1: 0.1 (uniform noise on the input features)
     cache_features: bool = True  # store the base's hidden states once and reuse them across epochs
     cache_dir: str = ""  # default: <specheads cache>/features
+    init_draft: str | None = None  # start from this saved draft (weights and vocabulary mapping), e.g. more epochs or data
 
     def validate(self):
         if self.variant not in ("eagle1", "eagle3"):
@@ -124,9 +125,22 @@ class EagleTask(DraftTask):
         e = self.cfg.eagle
         config = EagleConfig.for_base(base.config, self.cfg.model.name, variant=e.variant,
                                       draft_vocab_size=e.draft_vocab_size, aux_layer_ids=self._layers(base) or None)
+        if e.init_draft:
+            return self._initial_draft(config, base)
         draft = EagleDraft(config)
         if e.variant == "eagle3":
             draft.set_vocab_mapping(frequent_tokens(examples, config.vocab_size, config.draft_vocab_size))
+        return draft
+
+    def _initial_draft(self, config: EagleConfig, base) -> EagleDraft:
+        """The draft named by eagle.init_draft, refused unless its shape is the one this config would build."""
+        source = self.cfg.eagle.init_draft
+        draft = EagleDraft.from_pretrained(source, base)
+        theirs = draft.config
+        for name in ("variant", "hidden_size", "vocab_size", "draft_vocab_size", "aux_layer_ids"):
+            if getattr(theirs, name) != getattr(config, name):
+                raise SystemExit(f"eagle.init_draft: {source} has {name}={getattr(theirs, name)!r}, "
+                                 f"this config builds {name}={getattr(config, name)!r}")
         return draft
 
     def load(self, directory, base):
