@@ -42,15 +42,18 @@ demo: setup
 		--methods baseline,prompt_lookup,pld,medusa,medusa_pld --temperature 0 --max-new-tokens 128 --max-questions 20 \
 		--out $(RUN)/bench
 
-# Train EAGLE-1 (the demo's 800 answers, ~30 minutes) and EAGLE-3 (3,000 answers, ~50 minutes) drafts (base states
+# Train EAGLE-1 (the demo's 800 answers, ~30 minutes) and EAGLE-3 (3,000 answers, 2 epochs ~50 minutes + a third at lr/4 ~16) drafts (base states
 # cached once per run) and benchmark them with EAGLE-2 dynamic trees against the demo's Medusa heads and HF.
+EAGLE3 := runs/smollm2-135m-eagle3-3k-plus1
 eagle: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=5e-4 \
+		eagle.init_draft=runs/smollm2-135m-eagle3-3k/heads train.output_dir=$(EAGLE3)
 	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle1/heads
-	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle3-3k/heads --prompts 6
+	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
-		--eagle-heads runs/smollm2-135m-eagle1/heads,runs/smollm2-135m-eagle3-3k/heads \
+		--eagle-heads runs/smollm2-135m-eagle1/heads,$(EAGLE3)/heads \
 		--questions data/questions/sharegpt-dev.jsonl --methods baseline,medusa,medusa_pld,eagle2,eagle3,eagle3_pld \
 		--temperature 0 --max-new-tokens 128 --max-questions 20 --out runs/bench-eagle
 
