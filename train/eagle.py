@@ -133,11 +133,12 @@ class EagleTask(DraftTask):
         return draft
 
     def _initial_draft(self, config: EagleConfig, base) -> EagleDraft:
-        """The draft named by eagle.init_draft, refused unless its shape is the one this config would build."""
+        """The draft named by eagle.init_draft, refused unless its shape is the one this config would build
+        (from_pretrained already refuses a draft whose sizes do not fit the base)."""
         source = self.cfg.eagle.init_draft
         draft = EagleDraft.from_pretrained(source, base)
         theirs = draft.config
-        for name in ("variant", "hidden_size", "vocab_size", "draft_vocab_size", "aux_layer_ids"):
+        for name in ("variant", "draft_vocab_size", "aux_layer_ids"):
             if getattr(theirs, name) != getattr(config, name):
                 raise SystemExit(f"eagle.init_draft: {source} has {name}={getattr(theirs, name)!r}, "
                                  f"this config builds {name}={getattr(config, name)!r}")
