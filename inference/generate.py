@@ -49,16 +49,16 @@ def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None,
     eagle_tree: top_k / depth / total_tokens; default the settings stored with the draft, else EAGLE-2's shape.
     prompt_lookup: also copy from the prompt and answer so far (candidates.lookup_with_heads; without heads,
     prompt lookup alone)."""
+    if prompt_lookup and heads is None:
+        return TreeDecoder(model, candidates=PromptLookupCandidates(device=model.device))
     if isinstance(heads, EagleDraft):
         settings = {**(getattr(heads, "extra_config", {}) or {}).get("eagle_tree", {}), **(eagle_tree or {})}
         decoder = TreeDecoder(model, candidates=EagleCandidates(heads, model, **settings))
     else:
         decoder = TreeDecoder(model, heads, tree)
-    if not prompt_lookup:
-        return decoder
-    if heads is None:
-        return TreeDecoder(model, candidates=PromptLookupCandidates(device=model.device))
-    return TreeDecoder(model, candidates=lookup_with_heads(decoder.candidates, device=model.device))
+    if prompt_lookup:  # the heads' own source (its tree resolved above) inside the lookup combination
+        return TreeDecoder(model, candidates=lookup_with_heads(decoder.candidates, device=model.device))
+    return decoder
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
