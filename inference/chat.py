@@ -34,6 +34,8 @@ def parse_args(argv):
     parser.add_argument("--tree-top-k", type=int, default=None, help="EAGLE: children kept per expanded node")
     parser.add_argument("--tree-depth", type=int, default=None, help="EAGLE: draft steps per tree")
     parser.add_argument("--tree-tokens", type=int, default=None, help="EAGLE: tree nodes verified per step")
+    parser.add_argument("--tree-min-prob", type=float, default=None,
+                        help="EAGLE: leave out nodes whose cumulative draft probability is below this")
     parser.add_argument("--dtype", default="auto", help="auto | bf16 | fp32")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -55,7 +57,7 @@ def load_generator(args) -> SpeculativeGenerator:
         if heads is None:
             raise SystemExit(f"no heads: pass --heads DIR (e.g. after `make demo`: {DEFAULT_HEADS}) or --no-heads")
     tree = json.loads(args.tree) if args.tree else None
-    eagle_tree = eagle_tree_options(args.tree_top_k, args.tree_depth, args.tree_tokens)
+    eagle_tree = eagle_tree_options(args.tree_top_k, args.tree_depth, args.tree_tokens, args.tree_min_prob)
     return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree, eagle_tree=eagle_tree,
                                                 prompt_lookup=args.prompt_lookup)
 

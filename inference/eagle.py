@@ -10,10 +10,17 @@ Then `propose` grows a tree best-first by cumulative log-probability (EAGLE-2):
            and the k best children (by cumulative log-probability) become the next frontier;
   finally keep the best `total_tokens - 1` nodes of the pool. A child never outscores its parent, so
   the kept nodes always include their ancestors (ties are broken toward shallower nodes).
+With `min_prob` > 0 the tree also shrinks where the draft is unsure: a node whose cumulative draft
+probability is below min_prob is neither expanded nor verified, and drafting stops early when the whole
+frontier is. Where a verified token and a draft step cost real time (a small base on a CPU) this skips
+the draft steps and tree nodes that would rarely be accepted; the draft's probability tracks acceptance
+(EAGLE-2's observation), and which nodes are proposed never changes the output, only the speed.
 Tree entries are cropped from the draft cache before the next commit.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from transformers import DynamicCache
@@ -21,11 +28,14 @@ from transformers import DynamicCache
 from .tree import additive_mask, buffers_from_parents
 
 
-def select_tree_nodes(scores: list[float], depths: list[int], parents: list[int], budget: int) -> list[int]:
-    """Indices (root 0 first, parents before children) of the `budget` best non-root nodes plus the root.
+def select_tree_nodes(scores: list[float], depths: list[int], parents: list[int], budget: int,
+                      min_score: float = -math.inf) -> list[int]:
+    """Indices (root 0 first, parents before children) of the `budget` best non-root nodes scoring at least
+    `min_score`, plus the root.
 
     Ties go to shallower nodes, then earlier ones, so a node never displaces its own ancestor."""
-    order = sorted(range(1, len(scores)), key=lambda i: (-scores[i], depths[i], i))[:budget]
+    eligible = [i for i in range(1, len(scores)) if scores[i] >= min_score]
+    order = sorted(eligible, key=lambda i: (-scores[i], depths[i], i))[:budget]
     chosen = set(order)
     for i in order:  # defensive: ancestors of every chosen node must be in (they are when scores are monotone)
         p = parents[i]
@@ -39,14 +49,17 @@ def select_tree_nodes(scores: list[float], depths: list[int], parents: list[int]
 class EagleCandidates:
     """EAGLE draft + EAGLE-2 dynamic tree as a candidate source of TreeDecoder."""
 
-    def __init__(self, draft, model, top_k: int = 8, depth: int = 5, total_tokens: int = 32):
+    def __init__(self, draft, model, top_k: int = 8, depth: int = 5, total_tokens: int = 32, min_prob: float = 0.0):
         if top_k < 1 or depth < 1 or total_tokens < 2:
             raise ValueError("EAGLE trees need top_k >= 1, depth >= 1 and total_tokens >= 2")
+        if not 0.0 <= min_prob < 1.0:
+            raise ValueError(f"EAGLE tree min_prob must be in [0, 1), got {min_prob}")
         self.draft = draft.to(device=model.device, dtype=model.dtype).eval()
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         self.feature_layers = draft.config.feature_layers  # the decoder hands us these hidden states
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
+        self.min_score = math.log(min_prob) if min_prob > 0 else -math.inf  # on cumulative log-probabilities
         self.device, self.dtype = model.device, model.dtype
         self.begin()
 
@@ -95,10 +108,13 @@ class EagleCandidates:
         logp, ids = self._top_children(self.last_output[None])
         frontier = []
         for lp, tok in zip(logp[0].tolist(), ids[0].tolist()):
-            frontier.append(len(tokens))
+            if lp >= self.min_score:  # sorted: the rest score lower
+                frontier.append(len(tokens))
             tokens.append(tok), parents.append(0), scores.append(lp), depths.append(1)
         frontier_inputs = self.last_output.expand(len(frontier), -1)
         for level in range(1, self.depth):
+            if not frontier:  # every open node is below min_prob: deeper ones would be too
+                break
             # Run the draft on the frontier (depth `level`): each node sees the committed entries, its ancestors, itself.
             first_slot = self.committed + len(slots)
             keys = first_slot + len(frontier)
@@ -121,10 +137,10 @@ class EagleCandidates:
                 for lp, tok in zip(child_scores[row].tolist(), ids[row].tolist()):
                     children.append((lp, len(tokens), row))
                     tokens.append(tok), parents.append(node), scores.append(lp), depths.append(level + 1)
-            best = sorted(children, key=lambda c: (-c[0], c[1]))[: self.top_k]
+            best = [c for c in sorted(children, key=lambda c: (-c[0], c[1]))[: self.top_k] if c[0] >= self.min_score]
             frontier = [node for _, node, _ in best]
             frontier_inputs = outputs[[row for _, _, row in best]]
-        chosen = select_tree_nodes(scores, depths, parents, self.total_tokens - 1)
+        chosen = select_tree_nodes(scores, depths, parents, self.total_tokens - 1, self.min_score)
         new_index = {node: i for i, node in enumerate(chosen)}
         buffers = buffers_from_parents([-1] + [new_index[parents[node]] for node in chosen[1:]])
         return torch.tensor([tokens[node] for node in chosen], device=self.device), buffers.to(self.device)

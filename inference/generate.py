@@ -36,9 +36,10 @@ def load_draft_heads(directory, base_model):
     return MedusaHeads.from_pretrained(directory, base_model=base_model)
 
 
-def eagle_tree_options(top_k: int | None = None, depth: int | None = None, total_tokens: int | None = None) -> dict:
+def eagle_tree_options(top_k: int | None = None, depth: int | None = None, total_tokens: int | None = None,
+                       min_prob: float | None = None) -> dict:
     """The EAGLE-2 tree settings a user gave (None = keep the draft's stored or default value)."""
-    given = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
+    given = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens, "min_prob": min_prob}
     return {key: value for key, value in given.items() if value is not None}
 
 
@@ -46,7 +47,7 @@ def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None,
                  prompt_lookup: bool = False) -> TreeDecoder:
     """The decoder for these heads: Medusa with a static tree, EAGLE with an EAGLE-2 dynamic tree.
 
-    eagle_tree: top_k / depth / total_tokens; default the settings stored with the draft, else EAGLE-2's shape.
+    eagle_tree: top_k / depth / total_tokens / min_prob; default the settings stored with the draft, else EAGLE-2's shape.
     prompt_lookup: also copy from the prompt and answer so far (candidates.lookup_with_heads; without heads,
     prompt lookup alone)."""
     if prompt_lookup and heads is None:

@@ -68,6 +68,8 @@ def parse_args(argv=None):
     parser.add_argument("--eagle-top-k", type=int, default=None, help="EAGLE-2 tree: children per expanded node")
     parser.add_argument("--eagle-depth", type=int, default=None, help="EAGLE-2 tree: draft steps")
     parser.add_argument("--eagle-tokens", type=int, default=None, help="EAGLE-2 tree: nodes verified per step")
+    parser.add_argument("--eagle-min-prob", type=float, default=None,
+                        help="EAGLE-2 tree: leave out nodes whose cumulative draft probability is below this")
     parser.add_argument("--questions", default="data/questions/sharegpt-dev.jsonl")
     parser.add_argument("--methods", default="baseline,prompt_lookup,medusa")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -201,7 +203,7 @@ class Runner:
                                              target.device) if args.pld_heads_tree else None)
                 combined = with_lookup(medusa.candidates, args, target.device, on_match)
                 self.decoders["medusa_pld"] = TreeDecoder(target, candidates=combined)
-        eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens)
+        eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens, args.eagle_min_prob)
         for method, draft in (eagle_drafts or {}).items():
             decoder = make_decoder(model, draft, eagle_tree=eagle_tree)
             if method.endswith("_pld"):  # the EAGLE-2 tree with prompt lookup

@@ -45,9 +45,10 @@ def render_eagle(run: Path, result: dict, config: dict) -> str:
     tuned = stored_heads_config(run).get("eagle_tree_measurements")
     if tuned:
         lines += ["", f"Tree shapes timed by `scripts/tune_eagle_tree.py` (plain decoding {tuned['plain_tokens_per_s']:.1f} "
-                  "tokens/s in the same run):", "", "| top_k | depth | nodes | τ | tokens/s | vs plain |", "|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {c['top_k']} | {c['depth']} | {c['total_tokens']} | {c['tau']:.2f} | {c['tokens_per_s']:.1f} | "
-                  f"{c['speedup']:.2f}x |" for c in tuned["candidates"]]
+                  "tokens/s in the same run; max nodes, fewer where min_prob leaves unlikely ones out):", "",
+                  "| top_k | depth | nodes | min_prob | τ | tokens/s | vs plain |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {c['top_k']} | {c['depth']} | {c['total_tokens']} | {c.get('min_prob', 0.0):g} | {c['tau']:.2f} | "
+                  f"{c['tokens_per_s']:.1f} | {c['speedup']:.2f}x |" for c in tuned["candidates"]]
     return "\n".join(lines)
 
 

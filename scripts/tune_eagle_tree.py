@@ -4,7 +4,7 @@
 
 The best tree depends on the draft's accuracy and on what a verify forward of n tokens costs here
 (on 2 CPU cores 32 tokens cost ~1.6x one token; on a GPU they are nearly free). So this measures,
-on held-out dev prompts, tokens/s of each (top_k, depth, total_tokens) candidate against plain
+on held-out dev prompts, tokens/s of each (top_k, depth, total_tokens, min_prob) candidate against plain
 decoding in the same process (interleaved prompt by prompt), and writes the fastest into the draft's config.json as `eagle_tree`
 (chat.py and bench.py use it unless told otherwise).
 """
@@ -21,7 +21,21 @@ from specheads.inference.eagle import EagleCandidates
 from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads
 from specheads.inference.timing import interleaved_speeds
 
-CANDIDATES = [(4, 4, 10), (4, 5, 14), (6, 5, 18), (8, 6, 26), (10, 6, 40)]  # (top_k, depth, total_tokens)
+# (top_k, depth, total_tokens, min_prob): min_prob > 0 drops nodes the draft itself finds unlikely
+CANDIDATES = [(4, 4, 10, 0.0), (4, 5, 14, 0.0), (6, 5, 18, 0.0), (8, 6, 26, 0.0), (10, 6, 40, 0.0)]
+SHAPE_KEYS = ("top_k", "depth", "total_tokens", "min_prob")
+
+
+def parse_shape(text: str) -> tuple:
+    """"top_k,depth,total_tokens[,min_prob]" -> (top_k, depth, total_tokens, min_prob); ValueError if invalid."""
+    values = text.split(",")
+    if len(values) not in (3, 4):
+        raise ValueError(text)
+    top_k, depth, total = (int(v) for v in values[:3])
+    min_prob = float(values[3]) if len(values) == 4 else 0.0
+    if top_k < 1 or depth < 1 or total < 2 or not 0.0 <= min_prob < 1.0:
+        raise ValueError(text)
+    return top_k, depth, total, min_prob
 
 
 def parse_args(argv=None):
@@ -33,19 +47,18 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--shapes", default=None,
-                        help="candidate shapes top_k,depth,total_tokens separated by ';' (default: %s)"
+                        help="candidate shapes top_k,depth,total_tokens[,min_prob] separated by ';' (default: %s)"
                         % ";".join(",".join(map(str, shape)) for shape in CANDIDATES))
     parser.add_argument("--dry-run", action="store_true", help="measure and print, do not write config.json")
     args = parser.parse_args(argv)
     given = args.shapes
     try:
-        args.shapes = [tuple(int(v) for v in shape.split(",")) for shape in given.split(";")] if given else CANDIDATES
-        if any(len(shape) != 3 or shape[0] < 1 or shape[1] < 1 or shape[2] < 2 for shape in args.shapes):
-            raise ValueError
+        args.shapes = [parse_shape(shape) for shape in given.split(";")] if given else CANDIDATES
         if len(set(args.shapes)) != len(args.shapes):
             parser.error(f"--shapes: a shape is given twice in {given!r}")
     except ValueError:
-        parser.error(f"--shapes: expected top_k,depth,total_tokens[;...], (top_k >= 1, depth >= 1, total_tokens >= 2), got {given!r}")
+        parser.error(f"--shapes: expected top_k,depth,total_tokens[,min_prob][;...] (top_k >= 1, depth >= 1, "
+                     f"total_tokens >= 2, 0 <= min_prob < 1), got {given!r}")
     return args
 
 
@@ -67,13 +80,14 @@ def main(argv=None) -> dict:
     plain_speed = speeds.pop("plain")[0]
     print(f"plain decoding: {plain_speed:.1f} tokens/s")
     measured = []
-    for (top_k, depth, total), (speed, tau) in speeds.items():
-        measured.append({"top_k": top_k, "depth": depth, "total_tokens": total, "tokens_per_s": speed, "tau": tau,
+    for shape, (speed, tau) in speeds.items():
+        measured.append({**dict(zip(SHAPE_KEYS, shape)), "tokens_per_s": speed, "tau": tau,
                          "speedup": speed / plain_speed})
-        print(f"top_k {top_k:2d} depth {depth} tokens {total:2d}: τ {tau:.2f}, {speed:.1f} tokens/s, "
-              f"{speed / plain_speed:.2f}x")
+        top_k, depth, total, min_prob = shape
+        print(f"top_k {top_k:2d} depth {depth} tokens {total:2d} min_prob {min_prob:g}: τ {tau:.2f}, "
+              f"{speed:.1f} tokens/s, {speed / plain_speed:.2f}x")
     best = max(measured, key=lambda m: m["tokens_per_s"])
-    chosen = {key: best[key] for key in ("top_k", "depth", "total_tokens")}
+    chosen = {key: best[key] for key in SHAPE_KEYS}
     print(f"fastest: {chosen}")
     if not args.dry_run:
         path = Path(args.heads) / "config.json"

@@ -93,7 +93,8 @@ def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
     questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello", "More"]}) + "\n")
     results = bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", ",".join(folders), "--questions",
                           str(questions), "--methods", "baseline,eagle2,eagle3,eagle3_pld", "--max-new-tokens", "10",
-                          "--eagle-tokens", "6", "--dtype", "fp64", "--out", str(tmp_path / "bench")])
+                          "--eagle-tokens", "6", "--eagle-min-prob", "0.001", "--dtype", "fp64",
+                          "--out", str(tmp_path / "bench")])
     for method in ("eagle2", "eagle3", "eagle3_pld"):
         assert results["methods"][method]["overall"]["greedy_match"] == 1.0
     with pytest.raises(SystemExit, match="eagle3"):
@@ -166,8 +167,9 @@ def test_tune_eagle_tree_rejects_bad_shapes():
     import tune_eagle_tree
 
     args = tune_eagle_tree.parse_args(["--heads", "d", "--shapes", "4,4,10;8,6,26"])
-    assert args.shapes == [(4, 4, 10), (8, 6, 26)]
-    for bad in ("4,4", "0,5,18", "4,4,1", "4,4,10;4,4,10", "a,b,c"):
+    assert args.shapes == [(4, 4, 10, 0.0), (8, 6, 26, 0.0)]
+    assert tune_eagle_tree.parse_args(["--heads", "d", "--shapes", "4,4,10,0.05"]).shapes == [(4, 4, 10, 0.05)]
+    for bad in ("4,4", "0,5,18", "4,4,1", "4,4,10;4,4,10", "a,b,c", "4,4,10,1.0", "4,4,10,-0.1", "4,4,10,0,1"):
         with pytest.raises(SystemExit):
             tune_eagle_tree.parse_args(["--heads", "d", "--shapes", bad])
 

@@ -122,6 +122,41 @@ def test_tree_selection_keeps_ancestors_and_refuses_orphans():
     assert select_tree_nodes(tie, depths, parents, 2) == [0, 1, 3]
     with pytest.raises(AssertionError, match="ancestor"):
         select_tree_nodes([0.0, -0.9, -0.5, -0.2, -0.9, -0.3], depths, parents, 2)
+    assert select_tree_nodes(scores, depths, parents, 4, min_score=-0.25) == [0, 1, 3]  # below min_score: out
+    assert select_tree_nodes(scores, depths, parents, 4, min_score=-0.05) == [0]
+
+
+def test_min_prob_leaves_out_unlikely_nodes_and_stays_lossless():
+    """A high min_prob gives smaller trees from fewer draft forwards, and the same greedy tokens."""
+    model = deep_tiny_model("llama")
+    draft = fitted_draft(model, "eagle3", steps=40)
+    runs = {}
+    for min_prob in (0.0, 0.03):
+        source = EagleCandidates(draft, model, top_k=3, depth=4, total_tokens=14, min_prob=min_prob)
+        sizes, forwards = [], [0]
+        propose, forward = source.propose, draft.forward
+
+        def recording(*args):
+            tokens, buffers = propose(*args)
+            sizes.append(buffers.num_nodes)
+            return tokens, buffers
+
+        def counting(*args, **kwargs):
+            forwards[0] += 1
+            return forward(*args, **kwargs)
+
+        source.propose, draft.forward = recording, counting
+        decoder = TreeDecoder(model, candidates=source)
+        for case in range(3):
+            torch.manual_seed(500 + case)
+            prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
+            assert decoder.generate_ids(prompt, 30, eos_token_ids=[2]) == hf_greedy(model, prompt, 30), (min_prob, case)
+        del draft.forward  # back to the class's forward
+        runs[min_prob] = (sizes, forwards[0] / len(sizes), sum(decoder.stats.accepted_lengths))
+    full, pruned = runs[0.0], runs[0.03]
+    assert set(full[0]) == {14}
+    assert max(pruned[0]) > 1 and sum(pruned[0]) < 0.8 * sum(full[0]), pruned[0]
+    assert pruned[1] < full[1], "unlikely frontiers must not be expanded (fewer draft forwards per step)"
 
 
 @pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
