@@ -27,7 +27,8 @@ def _path_matches(tokens: torch.Tensor, ok_after_parent: torch.Tensor, retrieve:
 
 def greedy_accept(tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffers):
     """tokens [N], logits [N, V] -> (accepted node indices [a+1], bonus token id)."""
-    predicted = logits.argmax(dim=-1)  # the base's choice after each node
+    # the base's choice after each node; argmax over bf16 rows runs ~3x slower on CPU than over their exact fp32 copy
+    predicted = logits.float().argmax(dim=-1)
     parent_choice = predicted[buffers.parent.clamp(min=0)]
     ok = tokens == parent_choice
     matches = _path_matches(tokens, ok, buffers.retrieve_indices)
