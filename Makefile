@@ -42,14 +42,21 @@ demo: setup
 		--methods baseline,prompt_lookup,pld,medusa,medusa_pld --temperature 0 --max-new-tokens 128 --max-questions 20 \
 		--out $(RUN)/bench
 
-# Train EAGLE-1 (the demo's 800 answers, ~30 minutes) and EAGLE-3 (3,000 answers, 2 epochs ~50 minutes + a third at lr/4 ~16) drafts (base states
-# cached once per run) and benchmark them with EAGLE-2 dynamic trees against the demo's Medusa heads and HF.
-EAGLE3 := runs/smollm2-135m-eagle3-3k-plus1
+# Train EAGLE-1 (the demo's 800 answers, ~30 minutes) and EAGLE-3 (3,000 answers, 2 epochs ~50 minutes + a third at
+# lr/4 ~16, then 2 epochs on 1,800 more answers ~40) drafts (base states cached once per run) and benchmark them with
+# EAGLE-2 dynamic trees (shape and min_prob tuned here) against the demo's Medusa heads and HF.
+# The 1,800 more answers (data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl, ~18 minutes) are the next train
+# prompts after the 3,000: self_distill.py --limit 4800 on a copy of the 3,000-answer file (it resumes), last 1,800 lines.
+EAGLE3_3K := runs/smollm2-135m-eagle3-3k-plus1
+EAGLE3 := runs/smollm2-135m-eagle3-4800
 eagle: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=5e-4 \
-		eagle.init_draft=runs/smollm2-135m-eagle3-3k/heads train.output_dir=$(EAGLE3)
+		eagle.init_draft=runs/smollm2-135m-eagle3-3k/heads train.output_dir=$(EAGLE3_3K)
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=2 train.lr=1e-3 \
+		data.dataset=data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl \
+		eagle.init_draft=$(EAGLE3_3K)/heads train.output_dir=$(EAGLE3)
 	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle1/heads
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \

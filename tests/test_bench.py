@@ -116,7 +116,8 @@ def test_tune_eagle_tree_stores_the_fastest_shape(tmp_path, tiny_llama_dir):
                                    "--questions", str(questions), "--prompts", "1", "--max-new-tokens", "4",
                                    "--dtype", "fp32"])
     stored = EagleDraft.from_pretrained(tmp_path / "eagle1").extra_config
-    assert stored["eagle_tree"] == chosen and len(stored["eagle_tree_measurements"]["candidates"]) == 5
+    assert stored["eagle_tree"] == chosen
+    assert len(stored["eagle_tree_measurements"]["candidates"]) == len(tune_eagle_tree.CANDIDATES)
 
 
 def test_build_tree_times_the_best_estimated_budgets_and_stores_the_fastest(tmp_path, tiny_llama_dir, heads_dir,
