@@ -13,8 +13,10 @@ Then `propose` grows a tree best-first by cumulative log-probability (EAGLE-2):
 With `min_prob` > 0 the tree also shrinks where the draft is unsure: a node whose cumulative draft
 probability is below min_prob is neither expanded nor verified, and drafting stops early when the whole
 frontier is. Where a verified token and a draft step cost real time (a small base on a CPU) this skips
-the draft steps and tree nodes that would rarely be accepted; the draft's probability tracks acceptance
-(EAGLE-2's observation), and which nodes are proposed never changes the output, only the speed.
+the draft steps and tree nodes that would rarely be accepted. The draft's probability ranks nodes by their
+chance of acceptance (EAGLE-2's observation) but, trained on the base's sampling distribution, it is not that
+chance at T=0, so the threshold is measured per machine (scripts/tune_eagle_tree.py). Which nodes are
+proposed never changes the output, only the speed.
 Tree entries are cropped from the draft cache before the next commit.
 """
 
