@@ -48,14 +48,19 @@ def select_tree_nodes(scores: list[float], depths: list[int], parents: list[int]
     return [0] + sorted(order, key=lambda i: (depths[i], i))
 
 
+def check_tree_settings(top_k: int, depth: int, total_tokens: int, min_prob: float = 0.0) -> None:
+    """Refuse an EAGLE-2 tree shape that cannot be built (ValueError naming the setting)."""
+    if top_k < 1 or depth < 1 or total_tokens < 2:
+        raise ValueError("EAGLE trees need top_k >= 1, depth >= 1 and total_tokens >= 2")
+    if not 0.0 <= min_prob < 1.0:
+        raise ValueError(f"EAGLE tree min_prob must be in [0, 1), got {min_prob}")
+
+
 class EagleCandidates:
     """EAGLE draft + EAGLE-2 dynamic tree as a candidate source of TreeDecoder."""
 
     def __init__(self, draft, model, top_k: int = 8, depth: int = 5, total_tokens: int = 32, min_prob: float = 0.0):
-        if top_k < 1 or depth < 1 or total_tokens < 2:
-            raise ValueError("EAGLE trees need top_k >= 1, depth >= 1 and total_tokens >= 2")
-        if not 0.0 <= min_prob < 1.0:
-            raise ValueError(f"EAGLE tree min_prob must be in [0, 1), got {min_prob}")
+        check_tree_settings(top_k, depth, total_tokens, min_prob)
         self.draft = draft.to(device=model.device, dtype=model.dtype).eval()
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()

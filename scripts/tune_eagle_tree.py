@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.inference.decoder import TreeDecoder
-from specheads.inference.eagle import EagleCandidates
+from specheads.inference.eagle import EagleCandidates, check_tree_settings
 from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads
 from specheads.inference.timing import interleaved_speeds
 
@@ -36,8 +36,7 @@ def parse_shape(text: str) -> tuple:
         raise ValueError(text)
     top_k, depth, total = (int(v) for v in values[:3])
     min_prob = float(values[3]) if len(values) == 4 else 0.0
-    if top_k < 1 or depth < 1 or total < 2 or not 0.0 <= min_prob < 1.0:
-        raise ValueError(text)
+    check_tree_settings(top_k, depth, total, min_prob)  # the checks EagleCandidates makes, before any timing
     return top_k, depth, total, min_prob
 
 
