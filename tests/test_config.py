@@ -56,6 +56,9 @@ def test_overrides(tmp_path):
 def test_value_checks(tmp_path):
     with pytest.raises(ConfigError, match="train.mixed_precision"):
         load_config(MedusaTrainConfig, write(tmp_path, "train:\n  mixed_precision: fp8\n"))
+    from specheads.train.eagle import EagleTrainConfig
+    with pytest.raises(ConfigError, match="eagle.greedy_target_weight"):
+        load_config(EagleTrainConfig, write(tmp_path, "eagle:\n  greedy_target_weight: 1.5\n"))
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(MedusaTrainConfig, tmp_path / "missing.yaml")
 

@@ -238,7 +238,7 @@ def test_train_eagle_end_to_end_with_feature_cache(tmp_path, tiny_llama_dir, var
         "eagle": {"variant": variant, "draft_vocab_size": 500, "aux_layer_ids": [0, 1, 1], "ttt_steps": 2,
                   "eval_steps": 3, "cache_dir": str(tmp_path / "cache"),
                   **({"feature_loss_weight": 1.0, "token_loss_weight": 0.1, "input_noise": 0.1}
-                     if variant == "eagle1" else {})},
+                     if variant == "eagle1" else {"greedy_target_weight": 0.5})},
         "train": {"output_dir": str(tmp_path / "run"), "epochs": 2, "batch_size": 4, "lr": 1e-2,
                   "mixed_precision": "no", "save_every": 3},
     }))

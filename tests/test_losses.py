@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from specheads.train.losses import chunked_medusa_loss, estimated_tau, medusa_loss, select_trained_positions, shifted_targets, topk_hits
+from specheads.train.losses import (chunked_medusa_loss, estimated_tau, medusa_loss, mix_greedy_target,
+                                    select_trained_positions, shifted_targets, topk_hits)
 
 I = -100
 
@@ -87,3 +88,12 @@ def test_chunked_loss_equals_whole_loss_values_and_gradients():
         torch.testing.assert_close(parts, whole_parts)
         for got, expected in zip(grads, whole_grads):
             torch.testing.assert_close(got, expected)
+
+
+def test_mix_greedy_target_by_hand():
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]])
+    greedy = torch.tensor([0, 1])
+    mixed = mix_greedy_target(probs, greedy, 0.5)
+    assert torch.allclose(mixed, torch.tensor([[0.75, 0.15, 0.1], [0.05, 0.8, 0.15]]))
+    assert mix_greedy_target(probs, greedy, 0.0) is probs
+    assert torch.equal(mix_greedy_target(probs, greedy, 1.0), torch.eye(3)[:2])

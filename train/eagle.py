@@ -7,6 +7,7 @@ next-token distribution at t+1 (and, for EAGLE-1, the feature f_{t+1} itself):
   EAGLE-1: SmoothL1(f̂, f) + 0.1 · soft-CE(lm_head(f̂), softmax(lm_head(f))), input noise U(−0.1, 0.1).
   EAGLE-3: training-time test: `ttt_steps` unrolled draft steps, step i fed the draft's own features of
            step i−1 (train/losses.unrolled_step_mask), soft-CE over the draft vocabulary weighted 0.8^i.
+  Either: `greedy_target_weight` w trains on (1 − w)·p + w·one_hot(argmax p), for drafts serving greedy decoding.
 The base's hidden states are computed online, or once per example into a cache keyed by model, data
 and settings (eagle.cache_features) so later epochs skip the base forward.
 """
@@ -23,7 +24,7 @@ from transformers import DynamicCache
 from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.features import FeatureSource, feature_cache_dir
-from specheads.train.losses import soft_cross_entropy, unrolled_step_mask
+from specheads.train.losses import mix_greedy_target, soft_cross_entropy, unrolled_step_mask
 from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
 from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
 
@@ -38,6 +39,7 @@ class EagleSection:
     feature_loss_weight: float = 0.0  # EAGLE-1: 1.0 (SmoothL1 on features)
     token_loss_weight: float = 1.0  # EAGLE-1: 0.1
     input_noise: float = 0.0  # EAGLE-1: 0.1 (uniform noise on the input features)
+    greedy_target_weight: float = 0.0  # move this share of the soft-CE target onto the base's argmax token
     cache_features: bool = True  # store the base's hidden states once and reuse them across epochs
     cache_dir: str = ""  # default: <specheads cache>/features
     init_draft: str | None = None  # start from this saved draft (weights and vocabulary mapping), e.g. more epochs or data
@@ -47,6 +49,8 @@ class EagleSection:
             raise ValueError(f"eagle.variant must be eagle1 or eagle3, got {self.variant!r}")
         if self.ttt_steps < 1 or self.eval_steps < 1:
             raise ValueError("eagle.ttt_steps and eagle.eval_steps must be >= 1")
+        if not 0.0 <= self.greedy_target_weight <= 1.0:
+            raise ValueError(f"eagle.greedy_target_weight must be in [0, 1], got {self.greedy_target_weight}")
 
 
 @dataclass
@@ -91,11 +95,12 @@ def unrolled_draft(draft: EagleDraft, base, batch, inputs, last, steps: int, noi
 
 
 @torch.no_grad()
-def base_targets(draft: EagleDraft, base, target_features):
-    """The base's next-token distribution (restricted to the draft vocabulary for EAGLE-3) and its argmax."""
+def base_targets(draft: EagleDraft, base, target_features, greedy_weight: float = 0.0):
+    """The base's next-token distribution (restricted to the draft vocabulary for EAGLE-3), with
+    `greedy_weight` of it moved onto the argmax, and the argmax itself."""
     logits = base.get_output_embeddings()(target_features).float()
     greedy = logits.argmax(-1)
-    probs = torch.softmax(logits, dim=-1)
+    probs = mix_greedy_target(torch.softmax(logits, dim=-1), greedy, greedy_weight)
     if draft.config.variant == "eagle3":
         probs = probs[:, draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=probs.device))]
     return probs, greedy
@@ -150,7 +155,7 @@ class EagleTask(DraftTask):
     def _losses(self, draft, base, batch, inputs, last, steps, noise):
         e = self.cfg.eagle
         outputs, target_features, valid = unrolled_draft(draft, base, batch, inputs, last, steps, noise)
-        probs, greedy = base_targets(draft, base, target_features)
+        probs, greedy = base_targets(draft, base, target_features, e.greedy_target_weight)
         per_step, hits = [], []
         for step in range(steps):
             rows = valid[step]

@@ -135,6 +135,15 @@ def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor) -> torc
     return -(target_probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
 
 
+def mix_greedy_target(probs: torch.Tensor, greedy: torch.Tensor, weight: float) -> torch.Tensor:
+    """(1 − weight)·probs + weight·one_hot(greedy): a draft used for greedy decoding is accepted when its top
+    choice is the base's argmax, so part of the target's mass can be moved there (weight 0: EAGLE's soft CE)."""
+    if not weight:
+        return probs
+    mixed = probs * (1 - weight)
+    return mixed.scatter_add(-1, greedy[..., None], torch.full_like(mixed[..., :1], weight))
+
+
 def unrolled_step_mask(length: int, step: int, dtype=torch.float32, device=None) -> torch.Tensor:
     """Additive attention mask [length, (step+1)·length] for draft step `step` of training-time test.
 
