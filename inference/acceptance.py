@@ -4,7 +4,8 @@ Every rule sees the tree's node tokens, the base model's scores at every node (w
 predicts *after* that node) and the tree structure, and returns the accepted nodes (a
 root-to-node path, root included) plus the bonus token drawn from the last accepted node.
 
-- greedy:   a node is accepted when its token is the argmax after its parent (lossless at T=0).
+- greedy:   a node is accepted when its token is the argmax after its parent (lossless at T=0);
+            lazy_greedy_accept gets the same answer computing the lm_head on one path instead of every node.
 - typical:  Medusa's typical acceptance, p(x) > min(ε, δ·exp(−H(p))); fast, not lossless.
 - lossless: SpecInfer/EAGLE-style recursive rejection over deterministic (top-k) children:
             the output distribution equals the base model's sampling distribution.
@@ -36,6 +37,35 @@ def greedy_accept(tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffe
     best = int(lengths.argmax())
     accepted = buffers.retrieve_indices[best, : int(lengths[best]) + 1]
     return accepted, int(predicted[accepted[-1]])
+
+
+def lazy_greedy_accept(tokens: torch.Tensor, hidden: torch.Tensor, lm_head: torch.nn.Linear, buffers: TreeBuffers,
+                       children: list[list[int]]):
+    """greedy_accept from the base's final hidden states [N, H], projecting to the vocabulary only where needed.
+
+    The full lm_head over every node is ~20% of a tree forward on a small model (N × V logits), yet greedy
+    acceptance reads one root-to-leaf path. So: score each node's token after its parent (one row of the
+    lm_head per node), follow the best-scoring child from the root to a leaf, and compute full logits for
+    that path only. The path is exact wherever its argmax equals the next node's token; at the first node
+    where it does not, the argmax is the bonus token, unless it is another child's token (possible only
+    through rounding ties), and then every node gets its full logits and greedy_accept decides."""
+    token_rows = lm_head.weight[tokens].float()
+    scores = (hidden[buffers.parent.clamp(min=0)].float() * token_rows).sum(-1)
+    if lm_head.bias is not None:
+        scores = scores + lm_head.bias[tokens].float()
+    scores, token_list = scores.tolist(), tokens.tolist()
+    path = [0]
+    while children[path[-1]]:
+        path.append(max(children[path[-1]], key=scores.__getitem__))
+    predicted = lm_head(hidden[path]).float().argmax(dim=-1).tolist()
+    for i, node in enumerate(path):
+        choice = predicted[i]
+        if i + 1 < len(path) and token_list[path[i + 1]] == choice:
+            continue
+        if any(token_list[child] == choice for child in children[node]):
+            return greedy_accept(tokens, lm_head(hidden), buffers)
+        return torch.tensor(path[: i + 1], device=tokens.device), choice
+    raise AssertionError("a root-to-leaf path always ends in a bonus token")
 
 
 def typical_accept(tokens: torch.Tensor, probs: torch.Tensor, buffers: TreeBuffers,

@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .acceptance import children_lists, greedy_accept, lossless_accept, typical_accept
+from .acceptance import children_lists, greedy_accept, lazy_greedy_accept, lossless_accept, typical_accept
 from .candidates import MedusaCandidates, NoCandidates
 from .kv_cache import cache_argument_name, keep_accepted_path, prepare_cache_for_rollback
 from .tree import TreeBuffers, additive_mask
@@ -104,6 +104,11 @@ class TreeDecoder:
         parameters = inspect.signature(model.forward).parameters
         # The prefill needs logits at the last prompt position only.
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+        # Greedy steps can skip the lm_head over the tree (lazy_greedy_accept projects one path) where the model
+        # can return no logits and its lm_head is a plain Linear; sources that read every node's logits opt out.
+        lm_head = model.get_output_embeddings()
+        self._lazy_lm_head = lm_head if ("logits_to_keep" in parameters and isinstance(lm_head, torch.nn.Linear)
+                                         and not hasattr(self.candidates, "observe")) else None
         self.stats = DecodeStats()
 
     # ---- pieces of a step -----------------------------------------------------------------
@@ -141,6 +146,18 @@ class TreeDecoder:
     @staticmethod
     def _probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
         return torch.softmax(warpers(None, logits.float()), dim=-1)
+
+    def _accept(self, rule, tokens, logits, buffers, children, sampling, warpers, generator):
+        """The accepted path (node indices) and the bonus token, by the sampling config's rule."""
+        if rule == "greedy":
+            return greedy_accept(tokens, logits, buffers)
+        if rule == "typical":
+            probs = self._probs(logits, warpers)
+            accepted = typical_accept(tokens, probs, buffers, sampling.typical_epsilon, sampling.typical_delta)
+            return accepted, int(torch.multinomial(probs[accepted[-1]], 1, generator=generator))
+        # a source whose drafts are sampled (not point masses) brings its own exact rule
+        accept = getattr(self.candidates, "lossless_accept", lossless_accept)
+        return accept(tokens, self._probs(logits, warpers), children, generator)
 
     # ---- generation -----------------------------------------------------------------------
 
@@ -204,17 +221,16 @@ class TreeDecoder:
             tree_mask, children = self._tree_parts(buffers)
             verify_start = time.perf_counter()
             positions = (length + buffers.depths)[None]
-            logits, hidden = self._forward(tokens[None], positions, self._tree_attention_mask(tree_mask, length), cache)
-            verify_end = time.perf_counter()
-            if rule == "greedy":
-                accepted, bonus = greedy_accept(tokens, logits, buffers)
-            elif rule == "typical":
-                probs = self._probs(logits, warpers)
-                accepted = typical_accept(tokens, probs, buffers, sampling.typical_epsilon, sampling.typical_delta)
-                bonus = int(torch.multinomial(probs[accepted[-1]], 1, generator=generator))
-            else:  # a source whose drafts are sampled (not point masses) brings its own exact rule
-                accept = getattr(self.candidates, "lossless_accept", lossless_accept)
-                accepted, bonus = accept(tokens, self._probs(logits, warpers), children, generator)
+            lazy = rule == "greedy" and self._lazy_lm_head is not None
+            no_logits = {"logits_to_keep": torch.empty(0, dtype=torch.long, device=tokens.device)} if lazy else {}
+            logits, hidden = self._forward(tokens[None], positions, self._tree_attention_mask(tree_mask, length), cache,
+                                           **no_logits)
+            if lazy:  # greedy from the hidden states; the path's logits count as part of the tree forward
+                accepted, bonus = lazy_greedy_accept(tokens, hidden, self._lazy_lm_head, buffers, children)
+                verify_end = time.perf_counter()
+            else:
+                verify_end = time.perf_counter()
+                accepted, bonus = self._accept(rule, tokens, logits, buffers, children, sampling, warpers, generator)
             if hasattr(self.candidates, "observe"):  # sources that learn from the verify forward
                 self.candidates.observe(logits, accepted)
             keep_accepted_path(cache, buffers.num_nodes, accepted)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from specheads.heads import MedusaConfig, MedusaHeads
-from specheads.inference.acceptance import children_lists, greedy_accept, lossless_accept, typical_accept
+from specheads.inference.acceptance import (children_lists, greedy_accept, lazy_greedy_accept, lossless_accept,
+                                           typical_accept)
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.tree import build_tree_buffers, tree_from_accuracies
 
@@ -74,6 +75,7 @@ def hf_greedy(model, prompt, max_new_tokens):
 def test_greedy_equals_hf_generate_fp64(arch):
     model = tiny_model(arch)
     decoder = TreeDecoder(model, fitted_heads(model), TREE)
+    assert decoder._lazy_lm_head is not None  # greedy steps project one path (lazy_greedy_accept), tested here
     total_steps = total_tokens = 0
     for case in range(6):
         torch.manual_seed(100 + case)
@@ -155,6 +157,55 @@ def test_greedy_accept_by_hand():
     logits[2, 6] = 1
     accepted, bonus = greedy_accept(tokens, logits, buffers)
     assert accepted.tolist() == [0, 2] and bonus == 6
+
+
+def random_greedy_case(seed: int, nodes: int = 12, vocab: int = 40, hidden_size: int = 8):
+    """A random tree whose nodes often carry the argmax of their parent's logits (so paths get accepted);
+    siblings never share a token."""
+    from specheads.inference.tree import buffers_from_parents
+
+    generator = torch.Generator().manual_seed(seed)
+    lm_head = torch.nn.Linear(hidden_size, vocab, bias=seed % 2 == 0).double()
+    hidden = torch.randn(nodes, hidden_size, generator=generator, dtype=torch.float64)
+    wanted = lm_head(hidden).argmax(-1).tolist()
+    parents, tokens = [-1], [0]
+    for node in range(1, nodes):
+        parent = int(torch.randint(0, node, (1,), generator=generator))
+        siblings = {tokens[i] for i in range(node) if parents[i] == parent}
+        token = wanted[parent] if torch.rand(1, generator=generator) < 0.6 else int(torch.randint(vocab, (1,), generator=generator))
+        while token in siblings:
+            token = (token + 1) % vocab
+        parents.append(parent), tokens.append(token)
+    buffers = buffers_from_parents(parents)
+    return torch.tensor(tokens), hidden, lm_head, buffers
+
+
+def test_lazy_greedy_accept_equals_greedy_accept():
+    accepted_lengths = set()
+    with torch.no_grad():
+        for seed in range(200):
+            tokens, hidden, lm_head, buffers = random_greedy_case(seed)
+            expected, expected_bonus = greedy_accept(tokens, lm_head(hidden), buffers)
+            accepted, bonus = lazy_greedy_accept(tokens, hidden, lm_head, buffers, children_lists(buffers))
+            assert accepted.tolist() == expected.tolist() and bonus == expected_bonus, seed
+            accepted_lengths.add(len(accepted))
+    assert len(accepted_lengths) >= 3  # roots alone, and paths of several nodes, were both tested
+
+
+def test_lazy_greedy_accept_falls_back_on_a_tie_between_children():
+    """Two children whose tokens score the same: the path followed may not be the argmax's (the lowest id
+    wins a tie), so every node's logits are computed and greedy_accept decides."""
+    buffers = small_tree()  # nodes: 0 root, 1 (0,), 2 (1,), 3 (0,0)
+    tokens = torch.tensor([5, 8, 7, 9])
+    lm_head = torch.nn.Linear(4, 10, bias=False).double()
+    with torch.no_grad():
+        lm_head.weight.zero_()
+        lm_head.weight[7] = lm_head.weight[8] = torch.tensor([1.0, 0, 0, 0], dtype=torch.float64)
+        lm_head.weight[6] = torch.tensor([0, 1.0, 0, 0], dtype=torch.float64)
+        hidden = torch.tensor([[1.0, 0, 0, 0], [0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1]], dtype=torch.float64)
+        accepted, bonus = lazy_greedy_accept(tokens, hidden, lm_head, buffers, children_lists(buffers))
+        expected, expected_bonus = greedy_accept(tokens, lm_head(hidden), buffers)
+    assert accepted.tolist() == expected.tolist() == [0, 2] and bonus == expected_bonus == 6
 
 
 def test_typical_accept_by_hand():
