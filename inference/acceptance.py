@@ -58,14 +58,13 @@ def lazy_greedy_accept(tokens: torch.Tensor, hidden: torch.Tensor, lm_head: torc
     while children[path[-1]]:
         path.append(max(children[path[-1]], key=scores.__getitem__))
     predicted = lm_head(hidden[path]).float().argmax(dim=-1).tolist()
-    for i, node in enumerate(path):
-        choice = predicted[i]
-        if i + 1 < len(path) and token_list[path[i + 1]] == choice:
-            continue
-        if any(token_list[child] == choice for child in children[node]):
-            return greedy_accept(tokens, lm_head(hidden), buffers)
-        return torch.tensor(path[: i + 1], device=tokens.device), choice
-    raise AssertionError("a root-to-leaf path always ends in a bonus token")
+    last = 0  # the deepest accepted node of the path
+    while last + 1 < len(path) and token_list[path[last + 1]] == predicted[last]:
+        last += 1
+    bonus = predicted[last]
+    if any(token_list[child] == bonus for child in children[path[last]]):
+        return greedy_accept(tokens, lm_head(hidden), buffers)
+    return torch.tensor(path[: last + 1], device=tokens.device), bonus
 
 
 def typical_accept(tokens: torch.Tensor, probs: torch.Tensor, buffers: TreeBuffers,

@@ -109,6 +109,7 @@ class TreeDecoder:
         lm_head = model.get_output_embeddings()
         self._lazy_lm_head = lm_head if ("logits_to_keep" in parameters and isinstance(lm_head, torch.nn.Linear)
                                          and not hasattr(self.candidates, "observe")) else None
+        self._no_logits = {"logits_to_keep": torch.empty(0, dtype=torch.long, device=device)}
         self.stats = DecodeStats()
 
     # ---- pieces of a step -----------------------------------------------------------------
@@ -222,9 +223,8 @@ class TreeDecoder:
             verify_start = time.perf_counter()
             positions = (length + buffers.depths)[None]
             lazy = rule == "greedy" and self._lazy_lm_head is not None
-            no_logits = {"logits_to_keep": torch.empty(0, dtype=torch.long, device=tokens.device)} if lazy else {}
             logits, hidden = self._forward(tokens[None], positions, self._tree_attention_mask(tree_mask, length), cache,
-                                           **no_logits)
+                                           **(self._no_logits if lazy else {}))
             if lazy:  # greedy from the hidden states; the path's logits count as part of the tree forward
                 accepted, bonus = lazy_greedy_accept(tokens, hidden, self._lazy_lm_head, buffers, children)
                 verify_end = time.perf_counter()

@@ -33,14 +33,14 @@ def render_eagle(run: Path, result: dict, config: dict) -> str:
     data, eagle = config["data"], config["eagle"]
     rows = ["| draft step | top-1 | top-5 |", "|---:|---:|---:|"]
     rows += [f"| {k + 1} | {t1:.3f} | {t5:.3f} |" for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"]))]
-    vocabulary = f", draft vocabulary {eagle['draft_vocab_size']}" if eagle["variant"] == "eagle3" else ""
+    details = f", draft vocabulary {eagle['draft_vocab_size']}" if eagle["variant"] == "eagle3" else ""
     if eagle.get("greedy_target_weight"):
-        vocabulary += f", {eagle['greedy_target_weight']:g} of the target on the base's argmax"
+        details += f", {eagle['greedy_target_weight']:g} of the target on the base's argmax"
     if eagle.get("init_draft"):
-        vocabulary += f", starting from {eagle['init_draft']}"
+        details += f", starting from {eagle['init_draft']}"
     lines = [f"{eagle['variant'].upper()} draft on **{config['model']['name']}** ({data['dataset']}, "
              f"{data['max_train_conversations'] or 'all'} training conversations, {config['train']['epochs']:g} epochs, "
-             f"training-time test {eagle['ttt_steps']} steps{vocabulary}; `python train/eagle.py --config ...` -> {run}). "
+             f"training-time test {eagle['ttt_steps']} steps{details}; `python train/eagle.py --config ...` -> {run}). "
              f"Held-out: how often draft step i's top-1/top-5 holds the base's greedy token, the draft fed its own "
              f"features ({int(result['tokens'][0])} assistant tokens):", "", *rows]
     if "throughput" in result:
