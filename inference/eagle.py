@@ -111,42 +111,42 @@ class EagleCandidates:
             raise RuntimeError("EagleCandidates.propose before commit: the decoder must commit the prompt first")
         self._drop_tree_entries()
         tokens, parents, scores, depths = [root], [-1], [0.0], [0]
-        slots = {}  # node -> its entry in the draft cache (nodes the draft has run on)
+        slots = {0: []}  # node -> the draft-cache entries of its ancestors and itself (nodes the draft has run on)
         logp, ids = self._top_children(self.last_output[None])
-        frontier = []
-        for lp, tok in zip(logp[0].tolist(), ids[0].tolist()):
-            if lp >= self.min_score:  # sorted: the rest score lower
-                frontier.append(len(tokens))
-            tokens.append(tok), parents.append(0), scores.append(lp), depths.append(1)
+        frontier = [1 + i for i, lp in enumerate(logp[0].tolist()) if lp >= self.min_score]  # sorted descending
+        tokens += ids[0].tolist()
+        scores += logp[0].tolist()
+        parents += [0] * self.top_k
+        depths += [1] * self.top_k
         frontier_inputs = self.last_output.expand(len(frontier), -1)
         for level in range(1, self.depth):
             if not frontier:  # every open node is below min_prob: deeper ones would be too
                 break
             # Run the draft on the frontier (depth `level`): each node sees the committed entries, its ancestors, itself.
-            first_slot = self.committed + len(slots)
+            first_slot = self.committed + len(slots) - 1
             keys = first_slot + len(frontier)
             visible = torch.zeros(len(frontier), keys, dtype=torch.bool)
             visible[:, : self.committed] = True
             for row, node in enumerate(frontier):
-                slots[node] = first_slot + row
-                p = node
-                while p > 0:
-                    visible[row, slots[p]] = True
-                    p = parents[p]
+                slots[node] = slots[parents[node]] + [first_slot + row]
+                visible[row, slots[node]] = True
             embeddings = self.embed(torch.tensor([[tokens[i] for i in frontier]], device=self.device))
             positions = torch.full((1, len(frontier)), self.committed + level - 1, device=self.device)
             outputs = self.draft(frontier_inputs[None], embeddings, positions,
                                  self._mask(visible), self.cache)[0]
             logp, ids = self._top_children(outputs)
-            child_scores = torch.tensor([scores[i] for i in frontier])[:, None] + logp.cpu()
-            children = []
-            for row, node in enumerate(frontier):
-                for lp, tok in zip(child_scores[row].tolist(), ids[row].tolist()):
-                    children.append((lp, len(tokens), row))
-                    tokens.append(tok), parents.append(node), scores.append(lp), depths.append(level + 1)
-            best = [c for c in sorted(children, key=lambda c: (-c[0], c[1]))[: self.top_k] if c[0] >= self.min_score]
-            frontier = [node for _, node, _ in best]
-            frontier_inputs = outputs[[row for _, _, row in best]]
+            # Children of frontier row r are nodes first_child + r*k .. + k-1, in the order of their rows.
+            first_child = len(tokens)
+            child_scores = (torch.tensor([scores[i] for i in frontier])[:, None] + logp.cpu()).flatten()
+            tokens += ids.flatten().tolist()
+            scores += child_scores.tolist()
+            parents += [node for node in frontier for _ in range(self.top_k)]
+            depths += [level + 1] * child_scores.numel()
+            # The k best children (a stable sort: ties go to the earlier node) above min_prob form the next frontier.
+            order = torch.sort(child_scores, descending=True, stable=True)
+            best = order.indices[: self.top_k][order.values[: self.top_k] >= self.min_score]
+            frontier = (first_child + best).tolist()
+            frontier_inputs = outputs[best // self.top_k]
         chosen = select_tree_nodes(scores, depths, parents, self.total_tokens - 1, self.min_score)
         new_index = {node: i for i, node in enumerate(chosen)}
         buffers = buffers_from_parents([-1] + [new_index[parents[node]] for node in chosen[1:]])

@@ -1,5 +1,6 @@
 """EAGLE drafts: format round trips, the training-time-test mask, dynamic trees, lossless decoding, training."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -187,6 +188,68 @@ def test_dynamic_tree_contains_the_ancestors_of_every_node(variant):
             # the verify mask lets a node see exactly itself and its ancestors
             assert set(buffers.attention_mask[node].nonzero().flatten().tolist()) == chain
         assert int(buffers.depths.max()) <= 4
+
+
+def reference_eagle2_tree(source, root: int):
+    """A slow oracle of EagleCandidates.propose: the draft is run on each node's path alone (a copy of the committed
+    cache, one token at a time, a plain causal mask), then expanded and pruned by the EAGLE-2 rule."""
+    committed_cache = copy.deepcopy(source.cache)
+
+    def draft_output(path: list[int]) -> torch.Tensor:
+        cache, feature = copy.deepcopy(committed_cache), source.last_output
+        for j, token in enumerate(path):
+            visible = torch.ones(1, source.committed + j + 1, dtype=torch.bool)
+            feature = source.draft(feature[None, None], source.embed(torch.tensor([[token]])),
+                                   torch.tensor([[source.committed + j]]), source._mask(visible), cache)[0, -1]
+        return feature
+
+    tokens, parents, scores, depths = [root], [-1], [0.0], [0]
+
+    def add_children(node: int, output: torch.Tensor) -> list[int]:
+        logp, ids = source._top_children(output[None])
+        first = len(tokens)
+        for lp, token in zip(logp[0].tolist(), ids[0].tolist()):
+            tokens.append(token), parents.append(node), scores.append(scores[node] + lp)
+            depths.append(depths[node] + 1)
+        return list(range(first, len(tokens)))
+
+    def path_of(node: int) -> list[int]:
+        return [] if node == 0 else path_of(parents[node]) + [tokens[node]]
+
+    frontier = [n for n in add_children(0, source.last_output) if scores[n] >= source.min_score]
+    for _ in range(1, source.depth):
+        children = [c for node in frontier for c in add_children(node, draft_output(path_of(node)))]
+        best = sorted(children, key=lambda c: (-scores[c], c))[: source.top_k]
+        frontier = [c for c in best if scores[c] >= source.min_score]
+    chosen = select_tree_nodes(scores, depths, parents, source.total_tokens - 1, source.min_score)
+    return [tokens[n] for n in chosen], [-1] + [chosen.index(parents[n]) for n in chosen[1:]]
+
+
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_dynamic_tree_equals_drafting_each_path_alone(variant):
+    """The draft's tree pass (one forward per level, each node seeing the committed entries and its own ancestors at
+    its own position) must draft exactly what the draft says for each node's path run on its own."""
+    model = deep_tiny_model("llama")
+    draft = fitted_draft(model, variant, steps=20)
+    # 2 x 4 keeps every node (1 + 2 + 3 x 4 = 15), so the deepest level is compared; 3 x 4 into 10 prunes.
+    for top_k, total_tokens, min_prob in [(2, 15, 0.0), (3, 10, 0.001)]:
+        source = EagleCandidates(draft, model, top_k=top_k, depth=4, total_tokens=total_tokens, min_prob=min_prob)
+        original, depths = source.propose, []
+
+        def checked(root, hidden, context):
+            source._drop_tree_entries()
+            expected = reference_eagle2_tree(source, root)
+            tokens, buffers = original(root, hidden, context)
+            assert (tokens.tolist(), buffers.parent.tolist()) == expected
+            depths.append(int(buffers.depths.max()))
+            return tokens, buffers
+
+        source.propose = checked
+        torch.manual_seed(5)
+        TreeDecoder(model, candidates=source).generate_ids(torch.randint(3, VOCAB, (1, 9)), 12)
+        assert depths and min(depths) >= 2, depths
+        if total_tokens == 15:
+            assert set(depths) == {4}, depths
 
 
 # ---- lossless decoding -----------------------------------------------------------------------
