@@ -123,7 +123,7 @@ class EagleCandidates:
             if not frontier:  # every open node is below min_prob: deeper ones would be too
                 break
             # Run the draft on the frontier (depth `level`): each node sees the committed entries, its ancestors, itself.
-            first_slot = self.committed + len(slots) - 1
+            first_slot = self.cache.get_seq_length()  # committed entries, then earlier levels' nodes
             keys = first_slot + len(frontier)
             visible = torch.zeros(len(frontier), keys, dtype=torch.bool)
             visible[:, : self.committed] = True
