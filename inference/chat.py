@@ -37,6 +37,8 @@ def parse_args(argv):
     parser.add_argument("--tree-min-prob", type=float, default=None,
                         help="EAGLE: leave out nodes whose cumulative draft probability is below this")
     parser.add_argument("--dtype", default="auto", help="auto | bf16 | fp32")
+    parser.add_argument("--untuned-cpu", action="store_true",
+                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -59,7 +61,7 @@ def load_generator(args) -> SpeculativeGenerator:
     tree = json.loads(args.tree) if args.tree else None
     eagle_tree = eagle_tree_options(args.tree_top_k, args.tree_depth, args.tree_tokens, args.tree_min_prob)
     return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree, eagle_tree=eagle_tree,
-                                                prompt_lookup=args.prompt_lookup)
+                                                prompt_lookup=args.prompt_lookup, cpu_tuning=not args.untuned_cpu)
 
 
 def answer(generator, messages, args, out) -> str:

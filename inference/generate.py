@@ -22,6 +22,7 @@ from specheads.heads.joint import load_adapted_base
 from .candidates import PromptLookupCandidates, lookup_with_heads
 from .decoder import DecodeStats, SamplingConfig, TreeDecoder
 from .eagle import EagleCandidates
+from .cpu_verify import prepare_cpu_verify
 
 
 def load_draft_heads(directory, base_model):
@@ -129,11 +130,14 @@ class SpeculativeGenerator:
     @classmethod
     def from_pretrained(cls, model: str = "smollm2-135m-instruct", heads: str | None = None,
                         dtype: str = "auto", tree=None, device: str = "cpu",
-                        eagle_tree: dict | None = None, prompt_lookup: bool = False) -> "SpeculativeGenerator":
+                        eagle_tree: dict | None = None, prompt_lookup: bool = False,
+                        cpu_tuning: bool = True) -> "SpeculativeGenerator":
+        """cpu_tuning: fp32 CPU verify tuning (inference/cpu_verify.py: MKL-packed linears, SDPA GQA)."""
         base = load_base_model(model, dtype, device)
         if heads:  # Medusa-2 heads carry the LoRA adapter they were trained with: fold it into the base
             base = load_adapted_base(base, heads)
         draft = load_draft_heads(heads, base) if heads else None
+        prepare_cpu_verify(base, draft, enabled=cpu_tuning)
         return cls(base, load_tokenizer(model), draft, tree, eagle_tree, prompt_lookup)
 
     @property

@@ -51,6 +51,7 @@ from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
                                           make_decoder)
 from specheads.inference.lookahead import LookaheadCandidates
+from specheads.inference.cpu_verify import cpu_verify_settings, prepare_cpu_verify
 from specheads.inference.speculative import DraftModelCandidates, self_draft
 
 METHODS = ("baseline", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
@@ -97,6 +98,8 @@ def parse_args(argv=None):
     parser.add_argument("--skip-questions", type=int, default=0,
                         help="start after this many questions of the file (e.g. a second, untuned half)")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--untuned-cpu", action="store_true",
+                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=None,
                         help="throughput mode: decode first turns B at a time (methods baseline, plain, medusa, pld)")
@@ -417,7 +420,7 @@ def run_batched(args, model, tokenizer, heads, methods, questions) -> dict:
             t["rows"].extend(rows)
     base = totals["baseline"]
     results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:]), "model": args.model, "heads": args.heads,
-               "dtype": str(model.dtype), "temperature": 0.0, "max_new_tokens": args.max_new_tokens,
+               "dtype": str(model.dtype), "cpu_verify": cpu_verify_settings(model), "temperature": 0.0, "max_new_tokens": args.max_new_tokens,
                "batch_size": args.batch_size, "questions": len(prompts), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {}}
     lines = [f"Model {args.model} ({model.dtype}), batch {args.batch_size}, greedy, max {args.max_new_tokens} new tokens, "
@@ -464,9 +467,13 @@ def main(argv=None):
     questions = load_questions(args.questions, args.max_questions, args.skip_questions)
     if "baseline" not in methods:
         methods = ["baseline"] + methods  # speedup is always against HF greedy in the same run
+    eagle_drafts = {} if args.batch_size else load_eagle_drafts(args, methods, model)
+    # every method, the baseline included, runs on the same (packed or plain) weights
+    prepare_cpu_verify(model, *(m for pair in heads.values() for m in pair), *eagle_drafts.values(),
+                 enabled=not args.untuned_cpu)
     if args.batch_size:
         return run_batched(args, model, tokenizer, heads, methods, questions)
-    runner = Runner(args, model, tokenizer, heads, load_eagle_drafts(args, methods, model))
+    runner = Runner(args, model, tokenizer, heads, eagle_drafts)
 
     for method in methods:  # warm-up: first calls allocate and tune kernels
         runner.run_question(method, {**questions[0], "turns": questions[0]["turns"][:1]})
@@ -477,7 +484,7 @@ def main(argv=None):
 
     greedy = args.temperature == 0
     results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
-               "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "temperature": args.temperature,
+               "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "cpu_verify": cpu_verify_settings(model), "temperature": args.temperature,
                "max_new_tokens": args.max_new_tokens, "pld_combine": args.pld_combine, "pld_heads_tree": args.pld_heads_tree,
                "pld_trusted": [args.pld_trusted_ngram, args.pld_trusted_tokens] if args.pld_combine == "by-match" else None,
                "questions": len(questions), "machine": machine(),

@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads.joint import load_adapted_base
 from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads, make_decoder
+from specheads.inference.cpu_verify import prepare_cpu_verify
 
 
 def main(argv=None):
@@ -26,12 +27,16 @@ def main(argv=None):
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--untuned-cpu", action="store_true",
+                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
     parser.add_argument("--rows", type=int, default=15, help="operators to list")
     args = parser.parse_args(argv)
 
     tokenizer = load_tokenizer(args.model)
     model = load_adapted_base(load_base_model(args.model, args.dtype), args.heads)
-    decoder = make_decoder(model, load_draft_heads(args.heads, model))
+    heads = load_draft_heads(args.heads, model)
+    prepare_cpu_verify(model, heads, enabled=not args.untuned_cpu)
+    decoder = make_decoder(model, heads)
     eos = eos_token_ids(model, tokenizer)
     with open(args.questions) as f:
         prompts = [chat_input_ids(tokenizer, json.loads(line)["turns"][0]) for line in list(f)[: args.prompts]]

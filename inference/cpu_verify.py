@@ -1,0 +1,123 @@
+"""Verify a tree for little more than one token's price on CPUs in fp32: two fixes for a multi-token forward.
+
+A verify step feeds the base a handful of tokens (the tree's nodes). Measured on a 2-core Xeon (fp32, SmolLM2):
+1. **Linears.** PyTorch hands `F.linear` to MKL's sgemm, whose kernels for 2-16 rows are slow: a 576x576 layer
+   took 0.04 ms for one row and 0.41 ms for four. MKL's packed GEMM (the weight reordered once into the kernel's
+   own layout; what torch.compile's weight freezing uses on CPU) takes ~0.05 ms for 1-8 rows.
+   `pack_linears` swaps each fp32 CPU nn.Linear for a PackedLinear that shares its parameters (state dicts, tied
+   weights and `isinstance(..., nn.Linear)` are unchanged) and keeps the packed copy beside them: fp32 weight
+   memory doubles. Results match F.linear to float rounding (another summation order), so a greedy decode may
+   part from an unpacked one at a near-tie, as between any two fp32 kernels: compare methods on the same
+   (packed) model, as scripts/bench.py does. Bf16, GPUs, autograd and weights changed after packing go through
+   F.linear or are packed again.
+2. **Grouped-query attention.** With an attention mask and more than one query, transformers' SDPA path copies
+   the whole KV cache once per query-head group (`repeat_kv`) in every layer (~10 ms of an 8-token SmolLM2
+   step); `TRANSFORMERS_SDPA_FORCE_GQA=1` lets PyTorch's CPU kernel read the shared heads instead (same
+   numbers, checked bit for bit). Set for the process, unless the user set it, and only for CPU models.
+
+`prepare_cpu_verify(model, heads, ...)` applies both; chat, bench, build_tree and the tuners call it
+(`--untuned-cpu` skips it). See scripts/build_tree.py for the per-budget verify costs it gives on your machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def mkl_packing_available() -> bool:
+    """This PyTorch was built with MKL and exposes the packed-linear ops (x86 builds do)."""
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+class PackedLinear(nn.Linear):
+    """nn.Linear whose inference forward uses a packed copy of the weight (fp32, CPU, no autograd)."""
+
+    def _pack(self) -> None:
+        weight = self.weight.detach()
+        # The batch-size argument is a hint to MKL: the packed layout serves any number of rows (checked below).
+        self._packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
+        self._packed_from = self._weight_key()
+        probe = torch.randn(3, self.in_features, dtype=weight.dtype, generator=torch.Generator().manual_seed(0))
+        expected = F.linear(probe, weight)
+        got = torch.ops.mkl._mkl_linear(probe, self._packed, weight, None, 3)
+        scale = float(expected.abs().max()) or 1.0
+        if not torch.allclose(got, expected, rtol=1e-4, atol=1e-4 * scale):
+            raise RuntimeError(f"MKL's packed linear disagrees with F.linear on a {tuple(weight.shape)} weight; "
+                               "call pack_linears(..., enabled=False)")
+
+    def _weight_key(self):
+        w = self.weight
+        return w.data_ptr(), w._version, w.dtype, w.device
+
+    def _packable(self) -> bool:
+        return self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or x.dtype != torch.float32 or not self._packable():
+            return F.linear(x, self.weight, self.bias)
+        if getattr(self, "_packed_from", None) != self._weight_key():  # weights loaded, moved or edited since
+            self._pack()
+        rows = x.numel() // self.in_features
+        if rows == 0:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkl._mkl_linear(x, self._packed, self.weight, self.bias, rows)
+
+
+def _packed_copy(linear: nn.Linear) -> PackedLinear:
+    packed = PackedLinear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+    packed.weight = linear.weight  # the same Parameter objects: ties and state dicts survive
+    packed.bias = linear.bias
+    packed.train(linear.training)
+    packed._pack()
+    return packed
+
+
+def pack_linears(*modules: nn.Module | None, enabled: bool = True) -> int:
+    """Swap every fp32 CPU nn.Linear inside `modules` (None entries skipped) for a PackedLinear; return how
+    many were swapped (0 where MKL's ops are missing or nothing is fp32 on CPU)."""
+    if not enabled or not mkl_packing_available():
+        return 0
+    replacements = {}  # one PackedLinear per Linear, even where a draft holds the base's lm_head too
+    parents = [parent for module in modules if module is not None for parent in module.modules()]
+    for parent in parents:
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+                if id(child) not in replacements:
+                    replacements[id(child)] = (child, _packed_copy(child))  # keep child alive: ids stay unique
+                parent.register_module(name, replacements[id(child)][1])
+    return len(replacements)
+
+
+def packed_count(module: nn.Module) -> int:
+    """How many of the module's linears run packed (benchmarks record it beside the dtype)."""
+    return sum(isinstance(m, PackedLinear) for m in module.modules())
+
+
+def share_kv_heads_in_sdpa() -> bool:
+    """Ask transformers to pass grouped-query attention to SDPA (enable_gqa) even with a mask; False where the
+    user already chose."""
+    if "TRANSFORMERS_SDPA_FORCE_GQA" in os.environ:
+        return False
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    return True
+
+
+def prepare_cpu_verify(model: nn.Module, *drafts: nn.Module | None, enabled: bool = True) -> dict:
+    """Both fixes for a CPU model (a no-op on GPUs): pack the fp32 linears of the model and its drafts, and let
+    SDPA read shared KV heads. Returns what was done, for benchmark records."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if not enabled or not on_cpu:
+        return cpu_verify_settings(model)
+    pack_linears(model, *drafts)
+    share_kv_heads_in_sdpa()
+    return cpu_verify_settings(model)
+
+
+def cpu_verify_settings(model: nn.Module) -> dict:
+    """How many of the model's linears run packed, and whether SDPA shares KV heads under a mask."""
+    return {"packed_linears": packed_count(model),
+            "sdpa_force_gqa": os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1"}

@@ -1,0 +1,134 @@
+"""fp32 CPU verify tuning: packed linears compute what F.linear computes and follow later weight changes, SDPA
+sharing KV heads gives the same numbers, and decoding stays lossless on the tuned model."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specheads.inference.decoder import TreeDecoder
+from specheads.inference.cpu_verify import (PackedLinear, mkl_packing_available, pack_linears, packed_count,
+                                           prepare_cpu_verify)
+
+from test_decoder import TREE, fitted_heads, hf_greedy, tiny_model
+
+needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch has no MKL packed-linear ops")
+
+
+def packed_pair(in_features=48, out_features=80, bias=True):
+    torch.manual_seed(0)
+    plain = nn.Linear(in_features, out_features, bias=bias)
+    holder = nn.Sequential(plain)
+    assert pack_linears(holder) == 1
+    return plain, holder[0]
+
+
+@needs_mkl
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_matches_f_linear_for_any_number_of_rows(bias):
+    plain, packed = packed_pair(bias=bias)
+    assert isinstance(packed, PackedLinear) and packed.weight is plain.weight
+    with torch.inference_mode():
+        for rows in [1, 2, 3, 4, 7, 8, 13, 16, 33, 300]:
+            x = torch.randn(rows, 48)
+            torch.testing.assert_close(packed(x), F.linear(x, plain.weight, plain.bias), rtol=1e-5, atol=1e-5)
+        x = torch.randn(2, 5, 48)  # [batch, sequence, features] as a model passes it
+        torch.testing.assert_close(packed(x), F.linear(x, plain.weight, plain.bias), rtol=1e-5, atol=1e-5)
+        assert packed(torch.randn(0, 48)).shape == (0, 80)
+
+
+@needs_mkl
+def test_packed_linear_follows_weights_changed_after_packing():
+    _, packed = packed_pair()
+    x = torch.randn(4, 48)
+    with torch.no_grad():
+        packed(x)
+        packed.weight.mul_(-2.0)  # in place: the packed copy is stale now
+        torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-5)
+        packed.weight = nn.Parameter(torch.randn(80, 48))  # replaced
+        torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
+def test_packed_linear_trains_through_f_linear():
+    _, packed = packed_pair()
+    packed(torch.randn(3, 48)).sum().backward()
+    assert packed.weight.grad is not None and packed.weight.grad.abs().sum() > 0
+
+
+@needs_mkl
+def test_pack_linears_keeps_state_dict_ties_and_skips_other_dtypes():
+    model = tiny_model("llama", dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    keys = list(model.state_dict())
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    assert pack_linears(model) == linears == packed_count(model)
+    assert list(model.state_dict()) == keys
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert pack_linears(model) == 0  # already packed
+    assert pack_linears(tiny_model("llama")) == 0  # fp64: nothing to pack
+    assert pack_linears(tiny_model("llama", dtype=torch.float32), enabled=False) == 0
+
+
+@needs_mkl
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_on_tuned_model_equals_hf_greedy_on_it(arch, monkeypatch):
+    """The decoder's multi-row verify and HF's one-row steps both run tuned (packed, SDPA GQA); in fp32 they agree."""
+    unset_gqa_flag_for_this_test(monkeypatch)
+    model = tiny_model(arch, dtype=torch.float32)
+    heads = fitted_heads(model)
+    unpacked_logits = model(torch.arange(3, 20)[None]).logits
+    assert prepare_cpu_verify(model, heads)["sdpa_force_gqa"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(torch.arange(3, 20)[None]).logits, unpacked_logits, rtol=1e-4, atol=1e-4)
+    decoder = TreeDecoder(model, heads, TREE)
+    steps = tokens = 0
+    for case in range(4):
+        torch.manual_seed(200 + case)
+        prompt = torch.randint(3, 48, (1, 5 + 3 * case))
+        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), f"case {case}"
+        steps += len(decoder.stats.accepted_lengths)
+        tokens += sum(decoder.stats.accepted_lengths)
+    assert tokens > 1.3 * steps  # drafted tokens were accepted, not only bonus tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_sdpa_sharing_kv_heads_gives_the_same_tree_logits(arch, monkeypatch):
+    """TRANSFORMERS_SDPA_FORCE_GQA only changes how SDPA reads the grouped KV heads, not the numbers."""
+    from transformers import DynamicCache
+
+    model = tiny_model(arch, dtype=torch.float32)
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    prompt, tree_tokens = torch.randint(3, 48, (1, 9)), torch.randint(3, 48, (1, 5))
+    visible = torch.ones(5, 14, dtype=torch.bool)
+    visible[:, 9:] = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]])
+    mask = torch.zeros(1, 1, 5, 14).masked_fill(~visible, float("-inf"))
+    logits = {}
+    for flag in ["0", "1"]:
+        monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", flag)
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(prompt, past_key_values=cache, use_cache=True)
+            positions = torch.tensor([[9, 10, 10, 11, 11]])
+            logits[flag] = model(tree_tokens, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                                 use_cache=True).logits
+    torch.testing.assert_close(logits["1"], logits["0"], rtol=0, atol=0)
+
+
+def unset_gqa_flag_for_this_test(monkeypatch):
+    """Unset the variable; whatever prepare_cpu_verify sets is undone after the test."""
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")  # records the original state for the undo
+    monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA")
+
+
+def test_prepare_cpu_verify_reports_what_it_did(monkeypatch):
+    unset_gqa_flag_for_this_test(monkeypatch)
+    model = tiny_model("llama", dtype=torch.float32)
+    assert prepare_cpu_verify(model, enabled=False) == {"packed_linears": 0, "sdpa_force_gqa": False}
+    done = prepare_cpu_verify(model)
+    assert done["sdpa_force_gqa"] is True
+    assert done["packed_linears"] == (sum(type(m) is nn.Linear for m in tiny_model("llama").modules())
+                                      if mkl_packing_available() else 0)
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")  # the user's choice stands
+    assert prepare_cpu_verify(tiny_model("llama", dtype=torch.float32))["sdpa_force_gqa"] is False
