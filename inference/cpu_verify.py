@@ -3,7 +3,8 @@
 A verify step feeds the base a handful of tokens (the tree's nodes). Measured on a 2-core Xeon (fp32, SmolLM2):
 1. **Linears.** PyTorch hands `F.linear` to MKL's sgemm, whose kernels for 2-16 rows are slow: a 576x576 layer
    took 0.04 ms for one row and 0.41 ms for four. MKL's packed GEMM (the weight reordered once into the kernel's
-   own layout; what torch.compile's weight freezing uses on CPU) takes ~0.05 ms for 1-8 rows.
+   own layout; what torch.compile's weight freezing uses on CPU) takes ~0.05 ms for 1-8 rows. One row stays
+   with F.linear (gemv; a whole one-token forward was ~10% faster that way), so plain decoding is untouched.
    `pack_linears` swaps each fp32 CPU nn.Linear for a PackedLinear that shares its parameters (state dicts, tied
    weights and `isinstance(..., nn.Linear)` are unchanged) and keeps the packed copy beside them: fp32 weight
    memory doubles. Results match F.linear to float rounding (another summation order), so a greedy decode may
@@ -57,13 +58,12 @@ class PackedLinear(nn.Linear):
         return self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != torch.float32 or not self._packable():
+        rows = x.numel() // self.in_features
+        # One row: MKL's gemv streams the weight faster than the packed kernel (~10% of a one-token step).
+        if rows <= 1 or torch.is_grad_enabled() or x.dtype != torch.float32 or not self._packable():
             return F.linear(x, self.weight, self.bias)
         if getattr(self, "_packed_from", None) != self._weight_key():  # weights loaded, moved or edited since
             self._pack()
-        rows = x.numel() // self.in_features
-        if rows == 0:
-            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkl._mkl_linear(x, self._packed, self.weight, self.bias, rows)
 
 

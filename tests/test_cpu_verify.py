@@ -35,6 +35,8 @@ def test_packed_linear_matches_f_linear_for_any_number_of_rows(bias):
         x = torch.randn(2, 5, 48)  # [batch, sequence, features] as a model passes it
         torch.testing.assert_close(packed(x), F.linear(x, plain.weight, plain.bias), rtol=1e-5, atol=1e-5)
         assert packed(torch.randn(0, 48)).shape == (0, 80)
+        one_row = torch.randn(1, 1, 48)  # plain decoding's shape keeps F.linear exactly
+        assert torch.equal(packed(one_row), F.linear(one_row, plain.weight, plain.bias))
 
 
 @needs_mkl
