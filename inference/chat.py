@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from specheads.inference.cpu_verify import add_untuned_cpu_argument
 from specheads.inference.decoder import SamplingConfig
 from specheads.inference.generate import SpeculativeGenerator, eagle_tree_options
 
@@ -37,8 +38,7 @@ def parse_args(argv):
     parser.add_argument("--tree-min-prob", type=float, default=None,
                         help="EAGLE: leave out nodes whose cumulative draft probability is below this")
     parser.add_argument("--dtype", default="auto", help="auto | bf16 | fp32")
-    parser.add_argument("--untuned-cpu", action="store_true",
-                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
+    add_untuned_cpu_argument(parser)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)

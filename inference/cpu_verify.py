@@ -29,6 +29,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def add_untuned_cpu_argument(parser) -> None:
+    """The --untuned-cpu switch every decoding script shares (chat, bench, build_tree, the tuners)."""
+    parser.add_argument("--untuned-cpu", action="store_true",
+                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
+
+
+def _fp32_on_cpu(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.device.type == "cpu"
+
+
 def mkl_packing_available() -> bool:
     """This PyTorch was built with MKL and exposes the packed-linear ops (x86 builds do)."""
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
@@ -54,13 +64,10 @@ class PackedLinear(nn.Linear):
         w = self.weight
         return w.data_ptr(), w._version, w.dtype, w.device
 
-    def _packable(self) -> bool:
-        return self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         # One row: MKL's gemv streams the weight faster than the packed kernel (~10% of a one-token step).
-        if rows <= 1 or torch.is_grad_enabled() or x.dtype != torch.float32 or not self._packable():
+        if rows <= 1 or torch.is_grad_enabled() or x.dtype != torch.float32 or not _fp32_on_cpu(self.weight):
             return F.linear(x, self.weight, self.bias)
         if getattr(self, "_packed_from", None) != self._weight_key():  # weights loaded, moved or edited since
             self._pack()
@@ -85,7 +92,7 @@ def pack_linears(*modules: nn.Module | None, enabled: bool = True) -> int:
     parents = [parent for module in modules if module is not None for parent in module.modules()]
     for parent in parents:
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+            if type(child) is nn.Linear and _fp32_on_cpu(child.weight):
                 if id(child) not in replacements:
                     replacements[id(child)] = (child, _packed_copy(child))  # keep child alive: ids stay unique
                 parent.register_module(name, replacements[id(child)][1])

@@ -51,7 +51,7 @@ from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
                                           make_decoder)
 from specheads.inference.lookahead import LookaheadCandidates
-from specheads.inference.cpu_verify import cpu_verify_settings, prepare_cpu_verify
+from specheads.inference.cpu_verify import add_untuned_cpu_argument, cpu_verify_settings, prepare_cpu_verify
 from specheads.inference.speculative import DraftModelCandidates, self_draft
 
 METHODS = ("baseline", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
@@ -98,8 +98,7 @@ def parse_args(argv=None):
     parser.add_argument("--skip-questions", type=int, default=0,
                         help="start after this many questions of the file (e.g. a second, untuned half)")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--untuned-cpu", action="store_true",
-                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
+    add_untuned_cpu_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=None,
                         help="throughput mode: decode first turns B at a time (methods baseline, plain, medusa, pld)")
@@ -470,7 +469,7 @@ def main(argv=None):
     eagle_drafts = {} if args.batch_size else load_eagle_drafts(args, methods, model)
     # every method, the baseline included, runs on the same (packed or plain) weights
     prepare_cpu_verify(model, *(m for pair in heads.values() for m in pair), *eagle_drafts.values(),
-                 enabled=not args.untuned_cpu)
+                       enabled=not args.untuned_cpu)
     if args.batch_size:
         return run_batched(args, model, tokenizer, heads, methods, questions)
     runner = Runner(args, model, tokenizer, heads, eagle_drafts)

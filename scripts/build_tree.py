@@ -35,7 +35,7 @@ from specheads.heads.joint import load_adapted_base
 from specheads.heads.medusa import CONFIG_NAME
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.kv_cache import cache_argument_name
-from specheads.inference.cpu_verify import prepare_cpu_verify
+from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
 from specheads.inference.generate import chat_input_ids, eos_token_ids
 from specheads.inference.timing import interleaved_speeds
 from specheads.inference.tree import path_frequencies, tree_from_path_frequencies
@@ -46,8 +46,7 @@ def parse_args(argv=None):
     parser.add_argument("--heads", required=True)
     parser.add_argument("--model", default=None, help="default: the base the heads were trained on")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--untuned-cpu", action="store_true",
-                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
+    add_untuned_cpu_argument(parser)
     parser.add_argument("--dataset", default="sharegpt")
     parser.add_argument("--heldout-size", type=int, default=200, help="same split as training (data.heldout_size)")
     parser.add_argument("--split-seed", type=int, default=0)

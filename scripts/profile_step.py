@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads.joint import load_adapted_base
 from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads, make_decoder
-from specheads.inference.cpu_verify import prepare_cpu_verify
+from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
 
 
 def main(argv=None):
@@ -27,8 +27,7 @@ def main(argv=None):
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--untuned-cpu", action="store_true",
-                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
+    add_untuned_cpu_argument(parser)
     parser.add_argument("--rows", type=int, default=15, help="operators to list")
     args = parser.parse_args(argv)
 

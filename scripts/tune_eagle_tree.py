@@ -19,7 +19,7 @@ from specheads.data.models import load_base_model, load_tokenizer
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.eagle import EagleCandidates, check_tree_settings
 from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads
-from specheads.inference.cpu_verify import prepare_cpu_verify
+from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
 from specheads.inference.timing import interleaved_speeds
 
 # (top_k, depth, total_tokens, min_prob): min_prob > 0 drops nodes the draft itself finds unlikely. On 2 CPU
@@ -49,8 +49,7 @@ def parse_args(argv=None):
     parser.add_argument("--prompts", type=int, default=6, help="dev prompts to time (the last ones of the file)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--untuned-cpu", action="store_true",
-                        help="skip the fp32 CPU verify tuning of inference/cpu_verify.py (MKL-packed linears, SDPA GQA)")
+    add_untuned_cpu_argument(parser)
     parser.add_argument("--shapes", default=None,
                         help="candidate shapes top_k,depth,total_tokens[,min_prob] separated by ';' (default: %s)"
                         % ";".join(",".join(map(str, shape)) for shape in CANDIDATES))
