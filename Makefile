@@ -44,7 +44,8 @@ demo: setup
 
 # Train EAGLE-1 (the demo's 800 answers, ~30 minutes) and EAGLE-3 (3,000 answers, 2 epochs ~50 minutes + a third at
 # lr/4 ~16, then 2 epochs on 1,800 more answers ~40, then one more epoch on each file with half of the target moved onto
-# the base's argmax, ~19 + ~10, then one epoch on each of two sets of 3,000 further answers the same way, ~29 each)
+# the base's argmax, ~19 + ~10, then one epoch on each of two sets of 3,000 further answers the same way, ~29 each,
+# and a second epoch on the last set at lr/2 from its cached states, ~18)
 # drafts (base states cached once per run) and benchmark them with EAGLE-2 dynamic trees (shape and min_prob tuned
 # here) against the demo's Medusa heads and HF.
 # The 1,800 more answers (data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl, ~18 minutes) are the next train
@@ -56,7 +57,8 @@ EAGLE3_4800 := runs/smollm2-135m-eagle3-4800
 EAGLE3_G50 := runs/smollm2-135m-eagle3-g50
 EAGLE3_G50_4800 := runs/smollm2-135m-eagle3-g50-4800
 EAGLE3_G50_7800 := runs/smollm2-135m-eagle3-g50-7800
-EAGLE3 := runs/smollm2-135m-eagle3-g50-10800
+EAGLE3_G50_10800 := runs/smollm2-135m-eagle3-g50-10800
+EAGLE3 := runs/smollm2-135m-eagle3-g50-10800-e2
 eagle: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume
@@ -75,7 +77,10 @@ eagle: setup
 		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_G50_4800)/heads train.output_dir=$(EAGLE3_G50_7800)
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=1e-3 \
 		data.dataset=data/distilled/smollm2-135m-sharegpt-train-7800-10800.jsonl \
-		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_G50_7800)/heads train.output_dir=$(EAGLE3)
+		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_G50_7800)/heads train.output_dir=$(EAGLE3_G50_10800)
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=5e-4 \
+		data.dataset=data/distilled/smollm2-135m-sharegpt-train-7800-10800.jsonl \
+		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_G50_10800)/heads train.output_dir=$(EAGLE3)
 	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle1/heads
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
