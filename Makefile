@@ -59,6 +59,11 @@ EAGLE3_G50_4800 := runs/smollm2-135m-eagle3-g50-4800
 EAGLE3_G50_7800 := runs/smollm2-135m-eagle3-g50-7800
 EAGLE3_G50_10800 := runs/smollm2-135m-eagle3-g50-10800
 EAGLE3 := runs/smollm2-135m-eagle3-g50-10800-e2
+# One EAGLE-3 epoch with half of the target on the base's argmax:
+# $(call eagle3_greedy_epoch,LR,ANSWERS (a data/distilled/smollm2-135m-sharegpt-train-*.jsonl suffix),FROM_RUN,TO_RUN)
+eagle3_greedy_epoch = $(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 \
+	train.lr=$(1) data.dataset=data/distilled/smollm2-135m-sharegpt-train-$(2).jsonl eagle.greedy_target_weight=0.5 \
+	eagle.init_draft=$(3)/heads train.output_dir=$(4)
 eagle: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume
@@ -67,20 +72,11 @@ eagle: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=2 train.lr=1e-3 \
 		data.dataset=data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl \
 		eagle.init_draft=$(EAGLE3_3K)/heads train.output_dir=$(EAGLE3_4800)
-	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=1e-3 \
-		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_4800)/heads train.output_dir=$(EAGLE3_G50)
-	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=1e-3 \
-		data.dataset=data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl \
-		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_G50)/heads train.output_dir=$(EAGLE3_G50_4800)
-	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=1e-3 \
-		data.dataset=data/distilled/smollm2-135m-sharegpt-train-4800-7800.jsonl \
-		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_G50_4800)/heads train.output_dir=$(EAGLE3_G50_7800)
-	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=1e-3 \
-		data.dataset=data/distilled/smollm2-135m-sharegpt-train-7800-10800.jsonl \
-		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_G50_7800)/heads train.output_dir=$(EAGLE3_G50_10800)
-	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=5e-4 \
-		data.dataset=data/distilled/smollm2-135m-sharegpt-train-7800-10800.jsonl \
-		eagle.greedy_target_weight=0.5 eagle.init_draft=$(EAGLE3_G50_10800)/heads train.output_dir=$(EAGLE3)
+	$(call eagle3_greedy_epoch,1e-3,3000,$(EAGLE3_4800),$(EAGLE3_G50))
+	$(call eagle3_greedy_epoch,1e-3,3000-4800,$(EAGLE3_G50),$(EAGLE3_G50_4800))
+	$(call eagle3_greedy_epoch,1e-3,4800-7800,$(EAGLE3_G50_4800),$(EAGLE3_G50_7800))
+	$(call eagle3_greedy_epoch,1e-3,7800-10800,$(EAGLE3_G50_7800),$(EAGLE3_G50_10800))
+	$(call eagle3_greedy_epoch,5e-4,7800-10800,$(EAGLE3_G50_10800),$(EAGLE3))
 	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle1/heads
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
