@@ -51,14 +51,17 @@ demo: setup
 # The 1,800 more answers (data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl, ~18 minutes) are the next train
 # prompts after the 3,000: self_distill.py --limit 4800 on a copy of the 3,000-answer file (it resumes), last 1,800 lines;
 # the 3,000 further ones (...-4800-7800.jsonl, ~40 minutes) the same with --limit 7800 on a copy of the 4,800, and the
-# 3,000 after those (...-7800-10800.jsonl, ~31 minutes) with --limit 10800 on a copy of the 7,800.
+# 3,000 after those (...-7800-10800.jsonl, ~31 minutes) with --limit 10800 on a copy of the 7,800, and the next 3,000
+# (...-10800-13800.jsonl, ~27 minutes) with --limit 13800 on a copy of the 10,800.
 EAGLE3_3K := runs/smollm2-135m-eagle3-3k-plus1
 EAGLE3_4800 := runs/smollm2-135m-eagle3-4800
 EAGLE3_G50 := runs/smollm2-135m-eagle3-g50
 EAGLE3_G50_4800 := runs/smollm2-135m-eagle3-g50-4800
 EAGLE3_G50_7800 := runs/smollm2-135m-eagle3-g50-7800
 EAGLE3_G50_10800 := runs/smollm2-135m-eagle3-g50-10800
-EAGLE3 := runs/smollm2-135m-eagle3-g50-10800-e2
+EAGLE3_G50_10800_E2 := runs/smollm2-135m-eagle3-g50-10800-e2
+EAGLE3_G50_13800 := runs/smollm2-135m-eagle3-g50-13800
+EAGLE3 := runs/smollm2-135m-eagle3-g50-13800-e2
 # One EAGLE-3 epoch with half of the target on the base's argmax:
 # $(call eagle3_greedy_epoch,LR,ANSWERS (a data/distilled/smollm2-135m-sharegpt-train-*.jsonl suffix),FROM_RUN,TO_RUN)
 eagle3_greedy_epoch = $(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 \
@@ -76,7 +79,9 @@ eagle: setup
 	$(call eagle3_greedy_epoch,1e-3,3000-4800,$(EAGLE3_G50),$(EAGLE3_G50_4800))
 	$(call eagle3_greedy_epoch,1e-3,4800-7800,$(EAGLE3_G50_4800),$(EAGLE3_G50_7800))
 	$(call eagle3_greedy_epoch,1e-3,7800-10800,$(EAGLE3_G50_7800),$(EAGLE3_G50_10800))
-	$(call eagle3_greedy_epoch,5e-4,7800-10800,$(EAGLE3_G50_10800),$(EAGLE3))
+	$(call eagle3_greedy_epoch,5e-4,7800-10800,$(EAGLE3_G50_10800),$(EAGLE3_G50_10800_E2))
+	$(call eagle3_greedy_epoch,1e-3,10800-13800,$(EAGLE3_G50_10800_E2),$(EAGLE3_G50_13800))
+	$(call eagle3_greedy_epoch,5e-4,10800-13800,$(EAGLE3_G50_13800),$(EAGLE3))
 	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle1/heads
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
