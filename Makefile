@@ -44,8 +44,8 @@ demo: setup
 
 # Train EAGLE-1 (the demo's 800 answers, ~30 minutes) and EAGLE-3 (3,000 answers, 2 epochs ~50 minutes + a third at
 # lr/4 ~16, then 2 epochs on 1,800 more answers ~40, then one more epoch on each file with half of the target moved onto
-# the base's argmax, ~19 + ~10, then one epoch on each of two sets of 3,000 further answers the same way, ~29 each,
-# and a second epoch on the last set at lr/2 from its cached states, ~18)
+# the base's argmax, ~19 + ~10, then one epoch on each of three sets of 3,000 further answers the same way, ~29-33 each,
+# and a second epoch on each of the last two sets at lr/2 from their cached states, ~15-18 each)
 # drafts (base states cached once per run) and benchmark them with EAGLE-2 dynamic trees (shape and min_prob tuned
 # here) against the demo's Medusa heads and HF.
 # The 1,800 more answers (data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl, ~18 minutes) are the next train
