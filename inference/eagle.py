@@ -62,6 +62,7 @@ class EagleCandidates:
     def __init__(self, draft, model, top_k: int = 8, depth: int = 5, total_tokens: int = 32, min_prob: float = 0.0):
         check_tree_settings(top_k, depth, total_tokens, min_prob)
         self.draft = draft.to(device=model.device, dtype=model.dtype).eval()
+        self.draft.set_attention("sdpa")  # its masks are built in the draft's dtype below
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         self.feature_layers = draft.config.feature_layers  # the decoder hands us these hidden states
@@ -102,8 +103,8 @@ class EagleCandidates:
     def _top_children(self, outputs: torch.Tensor):
         """Draft outputs [n, H] -> top-k (log-probabilities, target token ids), each [n, k]."""
         logits = self.draft.logits(outputs, self.lm_head).float()
-        top = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
-        return top.values, self.draft.draft_to_target(top.indices)
+        top = logits.topk(self.top_k, dim=-1)  # log_softmax keeps the order: normalise the k winners only
+        return top.values - logits.logsumexp(dim=-1, keepdim=True), self.draft.draft_to_target(top.indices)
 
     @torch.inference_mode()
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):

@@ -132,7 +132,7 @@ class SpeculativeGenerator:
                         dtype: str = "auto", tree=None, device: str = "cpu",
                         eagle_tree: dict | None = None, prompt_lookup: bool = False,
                         cpu_tuning: bool = True) -> "SpeculativeGenerator":
-        """cpu_tuning: fp32 CPU verify tuning (inference/cpu_verify.py: MKL-packed linears, SDPA GQA)."""
+        """cpu_tuning: CPU verify tuning (inference/cpu_verify.py: packed fp32/bf16 linears, SDPA GQA)."""
         base = load_base_model(model, dtype, device)
         if heads:  # Medusa-2 heads carry the LoRA adapter they were trained with: fold it into the base
             base = load_adapted_base(base, heads)

@@ -1,5 +1,6 @@
-"""fp32 CPU verify tuning: packed linears compute what F.linear computes and follow later weight changes, SDPA
-sharing KV heads gives the same numbers, and decoding stays lossless on the tuned model."""
+"""CPU verify tuning: packed linears (fp32 through MKL, bf16 through oneDNN) compute what F.linear computes and
+follow later weight changes, SDPA sharing KV heads gives the same numbers, and decoding stays lossless on the
+tuned model."""
 
 import pytest
 import torch
@@ -7,12 +8,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.inference.decoder import TreeDecoder
-from specheads.inference.cpu_verify import (PackedLinear, mkl_packing_available, pack_linears, packed_count,
-                                           prepare_cpu_verify)
+from specheads.inference.cpu_verify import (PackedLinear, mkl_packing_available, onednn_bf16_packing_available,
+                                           pack_linears, packed_count, prepare_cpu_verify)
 
 from test_decoder import TREE, fitted_heads, hf_greedy, tiny_model
 
 needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch has no MKL packed-linear ops")
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16_packing_available(),
+                                       reason="no oneDNN bf16 packed linears in this PyTorch or on this CPU")
 
 
 def packed_pair(in_features=48, out_features=80, bias=True):
@@ -49,6 +52,38 @@ def test_packed_linear_follows_weights_changed_after_packing():
         torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-5)
         packed.weight = nn.Parameter(torch.randn(80, 48))  # replaced
         torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_packed_linear_is_f_linear_bit_for_bit(bias):
+    """oneDNN's reordered bf16 weight gives exactly F.linear's numbers, one row included, so a bf16 model decodes
+    the same tokens packed or not; weights edited or replaced after packing are followed."""
+    torch.manual_seed(0)
+    plain = nn.Linear(48, 80, bias=bias).to(torch.bfloat16)
+    holder = nn.Sequential(plain)
+    assert pack_linears(holder) == 1
+    packed = holder[0]
+    with torch.inference_mode():
+        for shape in [(1, 48), (1, 1, 48), (2, 48), (7, 48), (10, 48), (33, 48), (300, 48), (2, 5, 48)]:
+            x = torch.randn(shape).to(torch.bfloat16)
+            assert torch.equal(packed(x), F.linear(x, plain.weight, plain.bias)), shape
+    x = torch.randn(4, 48).to(torch.bfloat16)
+    with torch.no_grad():
+        packed.weight.mul_(-2.0)
+        assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias))
+        packed.weight = nn.Parameter(torch.randn(80, 48).to(torch.bfloat16))
+        assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias))
+
+
+@needs_onednn_bf16
+def test_bf16_model_gives_the_same_logits_packed():
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    prompt = torch.arange(3, 20)[None]
+    with torch.no_grad():
+        before = model(prompt).logits
+        assert pack_linears(model) == sum(type(m) is nn.Linear for m in tiny_model("llama").modules())
+        assert torch.equal(model(prompt).logits, before)
 
 
 @needs_mkl
