@@ -28,6 +28,7 @@ Packing keeps a second copy of each packed weight (fp32 or bf16), so weight memo
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -41,11 +42,13 @@ def add_untuned_cpu_argument(parser) -> None:
                         help="skip the CPU verify tuning of inference/cpu_verify.py (packed fp32/bf16 linears, SDPA GQA)")
 
 
+@functools.cache  # asked on every packed forward; the answer is fixed for the process
 def mkl_packing_available() -> bool:
     """This PyTorch was built with MKL and exposes the packed-linear ops (x86 builds do)."""
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
+@functools.cache
 def onednn_bf16_packing_available() -> bool:
     """oneDNN can run bf16 linears from a reordered weight on this CPU (x86 builds, AVX-512 or newer)."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
