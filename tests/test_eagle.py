@@ -252,6 +252,35 @@ def test_dynamic_tree_equals_drafting_each_path_alone(variant):
             assert set(depths) == {4}, depths
 
 
+def test_decoding_runs_the_draft_with_sdpa_and_the_same_outputs_as_eager():
+    """EagleCandidates switches the draft to SDPA (faster on CPUs); a draft as built or loaded (training) stays eager.
+    Under a tree mask both kernels give the same draft outputs (fp64, to eager's fp32 softmax)."""
+    from transformers import DynamicCache
+
+    from specheads.inference.tree import additive_mask
+
+    model = deep_tiny_model("llama")
+    draft = fitted_draft(model, "eagle3", steps=2)
+    attention = draft.layers[0].self_attn.config
+    assert attention._attn_implementation == "eager"
+    torch.manual_seed(3)
+    features, embeddings = torch.randn(1, 7, 32, dtype=model.dtype), torch.randn(1, 7, 32, dtype=model.dtype)
+    visible = torch.ones(7, 7, dtype=torch.bool).tril()
+    visible[5, 4] = visible[6, 5] = False  # two tree branches at the end
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 5]])
+    outputs = {}
+    for implementation in ["eager", "sdpa"]:
+        draft.set_attention(implementation)
+        with torch.no_grad():
+            outputs[implementation] = draft(features, embeddings, positions,
+                                            additive_mask(visible, model.dtype)[None, None], DynamicCache())
+    # eager takes its softmax in fp32 (~3e-8 apart here); a mask read wrongly would differ by O(1)
+    torch.testing.assert_close(outputs["sdpa"], outputs["eager"], rtol=1e-6, atol=1e-6)
+    draft.set_attention("eager")
+    EagleCandidates(draft, model, top_k=2, depth=3, total_tokens=6)
+    assert attention._attn_implementation == "sdpa"
+
+
 # ---- lossless decoding -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch,variant", [("llama", "eagle1"), ("qwen2", "eagle1"), ("llama", "eagle3"),
