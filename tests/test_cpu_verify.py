@@ -18,9 +18,9 @@ needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16_packing_available(),
                                        reason="no oneDNN bf16 packed linears in this PyTorch or on this CPU")
 
 
-def packed_pair(in_features=48, out_features=80, bias=True):
+def packed_pair(in_features=48, out_features=80, bias=True, dtype=torch.float32):
     torch.manual_seed(0)
-    plain = nn.Linear(in_features, out_features, bias=bias)
+    plain = nn.Linear(in_features, out_features, bias=bias).to(dtype)
     holder = nn.Sequential(plain)
     assert pack_linears(holder) == 1
     return plain, holder[0]
@@ -59,11 +59,7 @@ def test_packed_linear_follows_weights_changed_after_packing():
 def test_bf16_packed_linear_is_f_linear_bit_for_bit(bias):
     """oneDNN's reordered bf16 weight gives exactly F.linear's numbers, one row included, so a bf16 model decodes
     the same tokens packed or not; weights edited or replaced after packing are followed."""
-    torch.manual_seed(0)
-    plain = nn.Linear(48, 80, bias=bias).to(torch.bfloat16)
-    holder = nn.Sequential(plain)
-    assert pack_linears(holder) == 1
-    packed = holder[0]
+    plain, packed = packed_pair(bias=bias, dtype=torch.bfloat16)
     with torch.inference_mode():
         for shape in [(1, 48), (1, 1, 48), (2, 48), (7, 48), (10, 48), (33, 48), (300, 48), (2, 5, 48)]:
             x = torch.randn(shape).to(torch.bfloat16)
