@@ -3,7 +3,8 @@
     python scripts/results.py --run runs/smollm2-135m-medusa1 [--run runs/smollm2-135m-eagle3 ...] \
         [--bench runs/bench-eagle ...] [--readme README.md]
 
-Reads each run's eval.json and train_config.json (Medusa or EAGLE), and each extra benchmark's
+Reads each run's eval.json and train_config.json (Medusa or EAGLE; a saved heads folder such as
+heads/trained/<name> works too), and each extra benchmark's
 results.json/results.md, and replaces the text between the results markers in the README with the
 tables, the commands, date and machine.
 """
@@ -24,9 +25,24 @@ VICUNA_TOP5 = [0.78, 0.56, 0.42, 0.34, 0.30]
 
 
 def stored_heads_config(run: Path) -> dict:
-    """The run's heads/config.json (with what build_tree.py / tune_eagle_tree.py stored there), {} if absent."""
-    path = run / "heads" / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The heads' config.json (with what build_tree.py / tune_eagle_tree.py stored there), {} if absent.
+
+    `run` is a training run folder (heads/ inside) or a saved heads folder such as heads/trained/<name>.
+    """
+    for path in (run / "heads" / "config.json", run / "config.json"):
+        if path.is_file():
+            return json.loads(path.read_text())
+    return {}
+
+
+def heldout_result(run: Path) -> dict:
+    """The run's eval.json, or for a saved heads folder the held-out accuracy its config.json carries."""
+    if (run / "eval.json").is_file():
+        return json.loads((run / "eval.json").read_text())
+    stored = stored_heads_config(run).get("heldout_accuracy")
+    if stored is None:
+        raise SystemExit(f"{run}: neither eval.json nor a config.json with heldout_accuracy")
+    return stored
 
 
 def render_eagle(run: Path, result: dict, config: dict) -> str:
@@ -67,8 +83,46 @@ def render_bench(directory: Path) -> str:
     return "\n".join([f"Benchmark `{command}`{note}:", "", (directory / "results.md").read_text().strip()])
 
 
+def summary_rows(bench_dirs: list[Path]) -> dict[tuple, tuple[dict, Path]]:
+    """For each (model, temperature, method), the row of the benchmark with the most questions, latest on ties.
+
+    Not the fastest run: that would pick each method's luckiest question set. Every speedup is against HF
+    `generate` in the same process run, so rows from different runs compare.
+    """
+    chosen: dict[tuple, tuple[dict, Path, tuple]] = {}
+    for directory in bench_dirs:
+        results = json.loads((directory / "results.json").read_text())
+        rank = (results.get("questions", 0), results.get("date", ""))
+        for method, row in results["methods"].items():
+            key = (results["model"], results["temperature"], method)
+            if method != "baseline" and (key not in chosen or rank >= chosen[key][2]):
+                chosen[key] = (row, directory, rank)
+    return {key: (row, directory) for key, (row, directory, _) in chosen.items()}
+
+
+def render_summary(bench_dirs: list[Path]) -> str:
+    """One table per model and temperature: every method's run from summary_rows, with its speedup per category."""
+    best = summary_rows(bench_dirs)
+    sections = []
+    for model, temperature in sorted({(m, t) for m, t, _ in best}):
+        keys = [key for key in best if key[:2] == (model, temperature)]
+        categories = sorted({c for key in keys for c in best[key][0]["per_category"]})
+        rows = [f"**{model}**, T={temperature:g} (speedup against HF `generate` in the same run; τ in brackets):", "",
+                "| method | τ | tokens/s | speedup | " + " | ".join(categories) + " | run |",
+                "|---|---:|---:|---:|" + "---:|" * len(categories) + "---|"]
+        for key in sorted(keys, key=lambda k: -best[k][0]["overall"]["speedup"]):
+            row, directory = best[key]
+            overall, per_category = row["overall"], row["per_category"]
+            cells = [f"{per_category[c]['speedup']:.2f}x ({per_category[c]['tau']:.2f})" if c in per_category else "–"
+                     for c in categories]
+            rows.append(f"| {key[2]} | {overall['tau']:.2f} | {overall['tokens_per_s']:.1f} | "
+                        f"**{overall['speedup']:.2f}x** | " + " | ".join(cells) + f" | {directory.name} |")
+        sections.append("\n".join(rows))
+    return "\n\n".join(["### Summary: each method in its largest benchmark (latest on ties)", *sections, "### Benchmarks"])
+
+
 def render(run: Path) -> str:
-    result = json.loads((run / "eval.json").read_text())
+    result = heldout_result(run)
     config = json.loads((run / "train_config.json").read_text())
     if "eagle" in config:
         return render_eagle(run, result, config)
@@ -134,7 +188,9 @@ def main() -> None:
     runs = args.run or [Path("runs/smollm2-135m-medusa1")]
     command = "python scripts/results.py " + " ".join(
         [f"--run {run}" for run in runs] + [f"--bench {b}" for b in args.bench])
-    section = "\n\n".join([render(run) for run in runs] + [render_bench(b) for b in args.bench]
+    summary = [render_summary(args.bench)] if args.bench else []
+    section = "\n\n".join(summary + [render_bench(b) for b in args.bench] + ["### Training runs"]
+                           + [render(run) for run in runs]
                            + [f"This section: `{command}`; {datetime.date.today()}, {machine()}."])
     text = args.readme.read_text()
     if START not in text or END not in text:

@@ -186,3 +186,29 @@ def test_results_marks_benchmarks_from_before_pld_combine(tmp_path):
         (folder / "results.md").write_text("| method |\n")
     assert "merged trees" in results.render_bench(tmp_path / "old")
     assert "merged trees" not in results.render_bench(tmp_path / "new")
+
+
+def test_results_summary_takes_each_method_from_its_largest_then_latest_run(tmp_path):
+    import results
+
+    def bench(name, model, temperature, questions, date, speedups):
+        folder = tmp_path / name
+        folder.mkdir()
+        methods = {m: {"overall": {"speedup": s, "tau": 1.0 + s, "tokens_per_s": 10 * s},
+                       "per_category": {"code": {"speedup": s, "tau": 1.0 + s}}} for m, s in speedups.items()}
+        (folder / "results.json").write_text(json.dumps(
+            {"model": model, "temperature": temperature, "questions": questions, "date": date, "methods": methods}))
+        return folder
+
+    folders = [bench("a", "small", 0.0, 40, "2026-01-01", {"baseline": 1.0, "medusa": 1.2, "eagle3": 1.5}),
+               bench("b", "small", 0.0, 20, "2026-01-02", {"baseline": 1.0, "medusa": 1.9, "pld": 1.3}),
+               bench("c", "small", 0.0, 20, "2026-01-03", {"baseline": 1.0, "pld": 1.1}),
+               bench("d", "small", 1.0, 8, "2026-01-01", {"baseline": 1.0, "medusa": 1.1}),
+               bench("e", "large", 0.0, 8, "2026-01-01", {"baseline": 1.0, "medusa": 0.9})]
+    chosen = results.summary_rows(folders)
+    assert {key: folder.name for key, (_, folder) in chosen.items()} == {
+        ("small", 0.0, "medusa"): "a", ("small", 0.0, "eagle3"): "a", ("small", 0.0, "pld"): "c",
+        ("small", 1.0, "medusa"): "d", ("large", 0.0, "medusa"): "e"}
+    summary = results.render_summary(folders)
+    assert "| eagle3 | 2.50 | 15.0 | **1.50x** | 1.50x (2.50) | a |" in summary
+    assert summary.index("**large**, T=0") < summary.index("**small**, T=0") < summary.index("**small**, T=1")
