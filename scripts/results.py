@@ -92,6 +92,8 @@ def summary_rows(bench_dirs: list[Path]) -> dict[tuple, tuple[dict, Path]]:
     chosen: dict[tuple, tuple[dict, Path, tuple]] = {}
     for directory in bench_dirs:
         results = json.loads((directory / "results.json").read_text())
+        if results.get("batch_size"):  # throughput runs (no categories) stay in their own tables
+            continue
         rank = (results.get("questions", 0), results.get("date", ""))
         for method, row in results["methods"].items():
             key = (results["model"], results["temperature"], method)

@@ -204,7 +204,10 @@ def test_results_summary_takes_each_method_from_its_largest_then_latest_run(tmp_
                bench("b", "small", 0.0, 20, "2026-01-02", {"baseline": 1.0, "medusa": 1.9, "pld": 1.3}),
                bench("c", "small", 0.0, 20, "2026-01-03", {"baseline": 1.0, "pld": 1.1}),
                bench("d", "small", 1.0, 8, "2026-01-01", {"baseline": 1.0, "medusa": 1.1}),
-               bench("e", "large", 0.0, 8, "2026-01-01", {"baseline": 1.0, "medusa": 0.9})]
+               bench("e", "large", 0.0, 8, "2026-01-01", {"baseline": 1.0, "medusa": 0.9}),
+               bench("f", "large", 0.0, 64, "2026-01-01", {"baseline": 1.0, "medusa": 3.0})]
+    batched = json.loads((tmp_path / "f" / "results.json").read_text())
+    (tmp_path / "f" / "results.json").write_text(json.dumps({**batched, "batch_size": 16}))
     chosen = results.summary_rows(folders)
     assert {key: folder.name for key, (_, folder) in chosen.items()} == {
         ("small", 0.0, "medusa"): "a", ("small", 0.0, "eagle3"): "a", ("small", 0.0, "pld"): "c",
