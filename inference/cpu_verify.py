@@ -28,6 +28,7 @@ Packing keeps a second copy of each packed weight (fp32 or bf16), so weight memo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -66,6 +67,23 @@ def packing_kind(weight: torch.Tensor) -> str | None:
     return None
 
 
+_stock_linears = 0  # > 0 inside stock_linears(): PackedLinear runs F.linear
+
+
+@contextlib.contextmanager
+def stock_linears():
+    """Inside the block every PackedLinear runs plain F.linear, as transformers does without this module.
+
+    Benchmarks time HF `generate` this way too (`hf_unpacked`), so a run shows what the packing itself gives
+    a user beside what speculation gives on the packed model."""
+    global _stock_linears
+    _stock_linears += 1
+    try:
+        yield
+    finally:
+        _stock_linears -= 1
+
+
 class PackedLinear(nn.Linear):
     """nn.Linear whose inference forward uses a packed copy of the weight (fp32 or bf16, CPU, no autograd)."""
 
@@ -97,7 +115,7 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kind = packing_kind(self.weight)
-        if kind is None or torch.is_grad_enabled() or x.dtype != self.weight.dtype:
+        if kind is None or _stock_linears or torch.is_grad_enabled() or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
         # One fp32 row: MKL's gemv streams the weight faster than the packed kernel (~10% of a one-token step).
         if kind == "mkl" and x.numel() <= self.in_features:

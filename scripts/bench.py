@@ -4,7 +4,9 @@
         --questions data/questions/sharegpt-dev.jsonl --methods baseline,prompt_lookup,medusa \
         --temperature 0 --max-new-tokens 128 --out runs/bench
 
-Methods: baseline (HF `generate`, the reference), prompt_lookup (HF prompt lookup decoding, a peer),
+Methods: baseline (HF `generate`, the reference), hf_unpacked (the same with every linear through stock
+F.linear: the model as transformers runs it without --untuned-cpu's packing, so a run shows what packing gives
+HF itself; results.md then adds each method's speedup against it), prompt_lookup (HF prompt lookup decoding, a peer),
 plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
 medusa (our tree decoder with the heads and their tree; --heads NAME=DIR,NAME=DIR compares several sets as
 medusa:NAME; Medusa-2 heads decode on the base with their LoRA adapter merged, and an extra baseline:NAME
@@ -30,6 +32,7 @@ batch, and greedy match per row against it. Writes OUT/results.json and OUT/resu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import platform
@@ -51,10 +54,11 @@ from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
                                           make_decoder)
 from specheads.inference.lookahead import LookaheadCandidates
-from specheads.inference.cpu_verify import add_untuned_cpu_argument, cpu_verify_settings, prepare_cpu_verify
+from specheads.inference.cpu_verify import (add_untuned_cpu_argument, cpu_verify_settings, prepare_cpu_verify,
+                                            stock_linears)
 from specheads.inference.speculative import DraftModelCandidates, self_draft
 
-METHODS = ("baseline", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
+METHODS = ("baseline", "hf_unpacked", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
            "medusa", "medusa_pld", "eagle2", "eagle3", "eagle3_pld")
 EAGLE_METHODS = {"eagle2": "eagle1", "eagle3": "eagle3", "eagle3_pld": "eagle3"}  # bench method -> the draft variant it decodes with
 
@@ -234,7 +238,8 @@ class Runner:
             kwargs["prompt_lookup_num_tokens"] = 10
         elif method == "hf_assisted":
             kwargs["assistant_model"] = self.draft
-        with torch.inference_mode():
+        unpacked = stock_linears() if method == "hf_unpacked" else contextlib.nullcontext()
+        with torch.inference_mode(), unpacked:
             out = self.model_of.get(method, self.model).generate(input_ids, **kwargs)
         return out[0, input_ids.shape[1]:].tolist(), {"accepted": []}
 
@@ -299,6 +304,10 @@ def write_markdown(results: dict, path: Path) -> None:
         overhead = f"{o['step_overhead']:.3f}" if "step_overhead" in o else "–"
         lines.append(f"| {name} | {o['tau']:.2f} | {o['tokens_per_s']:.1f} | {o.get('speedup', 1.0):.2f}x | {match} "
                      f"| {overhead} |")
+    if "hf_unpacked" in methods:
+        stock = methods["hf_unpacked"]["overall"]["tokens_per_s"]
+        lines += ["", f"Against `hf_unpacked` (HF `generate` on stock PyTorch linears, {stock:.1f} tokens/s): " + ", ".join(
+            f"{name} {m['overall']['tokens_per_s'] / stock:.2f}x" for name, m in methods.items() if name != "hf_unpacked") + "."]
     lines += ["", "Speedup (τ) per category:", "", "| method | " + " | ".join(categories) + " |",
               "|---|" + "---:|" * len(categories)]
     for name, m in methods.items():

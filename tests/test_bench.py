@@ -33,9 +33,9 @@ def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_d
         + json.dumps({"question_id": "b", "category": "code", "turns": ["Write code"]}) + "\n")
     out = tmp_path / "bench"
     results = bench.main(["--model", str(tiny_llama_dir), "--heads", str(heads_dir), "--questions", str(questions),
-                          "--methods", "baseline,prompt_lookup,plain,pld,medusa,medusa_pld", "--max-new-tokens", "12",
-                          "--dtype", "fp64", "--out", str(out)])
-    assert set(results["methods"]) == {"baseline", "prompt_lookup", "plain", "pld", "medusa", "medusa_pld"}
+                          "--methods", "baseline,hf_unpacked,prompt_lookup,plain,pld,medusa,medusa_pld", "--max-new-tokens",
+                          "12", "--dtype", "fp64", "--out", str(out)])
+    assert set(results["methods"]) == {"baseline", "hf_unpacked", "prompt_lookup", "plain", "pld", "medusa", "medusa_pld"}
     for name, method in results["methods"].items():
         assert set(method["per_category"]) == {"qa", "code"}
         overall = method["overall"]
@@ -45,6 +45,7 @@ def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_d
             assert "greedy_match" in overall
     # lossless in fp64: our decoders give HF greedy's tokens
     assert results["methods"]["plain"]["overall"]["greedy_match"] == 1.0
+    assert results["methods"]["hf_unpacked"]["overall"]["greedy_match"] == 1.0
     assert results["methods"]["medusa"]["overall"]["greedy_match"] == 1.0
     assert results["methods"]["pld"]["overall"]["greedy_match"] == 1.0
     assert results["methods"]["medusa_pld"]["overall"]["greedy_match"] == 1.0
@@ -54,6 +55,7 @@ def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_d
     for name in ("results.json", "results.md", "results.png"):
         assert (out / name).stat().st_size > 0
     assert "| medusa |" in (out / "results.md").read_text()
+    assert "Against `hf_unpacked`" in (out / "results.md").read_text()
 
 
 def test_questions_skip_and_limit(tmp_path):

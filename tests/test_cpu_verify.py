@@ -9,7 +9,7 @@ from torch import nn
 
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.cpu_verify import (PackedLinear, mkl_packing_available, onednn_bf16_packing_available,
-                                           pack_linears, packed_count, prepare_cpu_verify)
+                                           pack_linears, packed_count, prepare_cpu_verify, stock_linears)
 
 from test_decoder import TREE, fitted_heads, hf_greedy, tiny_model
 
@@ -87,6 +87,20 @@ def test_packed_linear_trains_through_f_linear():
     _, packed = packed_pair()
     packed(torch.randn(3, 48)).sum().backward()
     assert packed.weight.grad is not None and packed.weight.grad.abs().sum() > 0
+
+
+@needs_mkl
+def test_stock_linears_bypasses_the_packed_weight_until_the_block_ends(monkeypatch):
+    plain, packed = packed_pair()
+    x = torch.randn(4, 48)
+    calls = []
+    monkeypatch.setattr(PackedLinear, "_packed_linear", lambda self, kind, x, bias: calls.append(kind) or F.linear(x, self.weight, bias))
+    with torch.inference_mode():
+        with stock_linears(), stock_linears():  # nests
+            torch.testing.assert_close(packed(x), F.linear(x, plain.weight, plain.bias), rtol=0, atol=0)
+        assert calls == []
+        packed(x)
+    assert calls == ["mkl"]
 
 
 @needs_mkl
