@@ -215,5 +215,7 @@ def test_results_summary_takes_each_method_from_its_largest_then_latest_run(tmp_
         ("small", 0.0, "medusa"): "a", ("small", 0.0, "eagle3"): "a", ("small", 0.0, "pld"): "c",
         ("small", 1.0, "medusa"): "d", ("large", 0.0, "medusa"): "e"}
     summary = results.render_summary(folders)
-    assert "| eagle3 | 2.50 | 15.0 | **1.50x** | 1.50x (2.50) | a |" in summary
+    assert "| eagle3 | 2.50 | 15.0 | **1.50x** | – | 1.50x (2.50) | a |" in summary
+    with_unpacked = bench("g", "large", 1.0, 8, "2026-01-01", {"baseline": 1.0, "hf_unpacked": 0.5, "medusa": 1.2})
+    assert "| medusa | 2.20 | 12.0 | **1.20x** | 2.40x | 1.20x (2.20) | g |" in results.render_summary([with_unpacked])
     assert summary.index("**large**, T=0") < summary.index("**small**, T=0") < summary.index("**small**, T=1")
