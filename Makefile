@@ -104,7 +104,7 @@ medusa2: setup
 		--max-new-tokens 128 --max-questions 20 --out runs/bench-medusa2
 
 # The training-free methods on the 1.5B target against HF's own, at T=0 and T=1 (~40 minutes on 2 cores).
-SEED_METHODS := baseline,hf_prompt_lookup,hf_assisted,pld,sps,lookahead
+SEED_METHODS := baseline,hf_unpacked,hf_prompt_lookup,hf_assisted,pld,sps,lookahead
 bench-qwen: setup-qwen
 	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --methods $(SEED_METHODS) --temperature $$t \
 		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
@@ -122,7 +122,7 @@ qwen-eagle: setup-qwen
 	$(BIN)/python scripts/tune_eagle_tree.py --model $(QWEN) --heads $(QWEN_EAGLE)/heads --prompts 4 \
 		--max-new-tokens 64 --shapes "3,3,6;4,4,10;6,5,18;8,6,26"
 	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --eagle-heads $(QWEN_EAGLE)/heads \
-		--methods baseline,hf_prompt_lookup,pld,eagle3,eagle3_pld --temperature $$t \
+		--methods baseline,hf_unpacked,hf_prompt_lookup,pld,eagle3,eagle3_pld --temperature $$t \
 		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
 		--out runs/bench-qwen-eagle3-t$$t || exit 1; done
 
