@@ -45,6 +45,13 @@ def heldout_result(run: Path) -> dict:
     return stored
 
 
+def trained_by(run: Path, script: str) -> str:
+    """Where the numbers come from: a training run's output folder, or a committed heads folder and its recipe."""
+    if (run / "eval.json").is_file():
+        return f"`python {script} --config ...` -> {run}"
+    return f"committed as {run}, recipe in {run.parent / 'README.md'}"
+
+
 def render_eagle(run: Path, result: dict, config: dict) -> str:
     data, eagle = config["data"], config["eagle"]
     rows = ["| draft step | top-1 | top-5 |", "|---:|---:|---:|"]
@@ -56,7 +63,7 @@ def render_eagle(run: Path, result: dict, config: dict) -> str:
         details += f", starting from {eagle['init_draft']}"
     lines = [f"{eagle['variant'].upper()} draft on **{config['model']['name']}** ({data['dataset']}, "
              f"{data['max_train_conversations'] or 'all'} training conversations, {config['train']['epochs']:g} epochs, "
-             f"training-time test {eagle['ttt_steps']} steps{details}; `python train/eagle.py --config ...` -> {run}). "
+             f"training-time test {eagle['ttt_steps']} steps{details}; {trained_by(run, 'train/eagle.py')}). "
              f"Held-out: how often draft step i's top-1/top-5 holds the base's greedy token, the draft fed its own "
              f"features ({int(result['tokens'][0])} assistant tokens):", "", *rows]
     if "throughput" in result:
@@ -98,7 +105,7 @@ def summary_rows(bench_dirs: list[Path]) -> dict[tuple, tuple[dict, Path]]:
         unpacked = results["methods"].get("hf_unpacked")
         for method, row in results["methods"].items():
             key = (results["model"], results["temperature"], method)
-            if method != "baseline" and (key not in chosen or rank >= chosen[key][2]):
+            if key not in chosen or rank >= chosen[key][2]:
                 if unpacked:  # the same run's HF generate on stock linears: what a user without specheads gets
                     ratio = row["overall"]["tokens_per_s"] / unpacked["overall"]["tokens_per_s"]
                     row = {**row, "overall": {**row["overall"], "vs_unpacked": ratio}}
@@ -154,7 +161,7 @@ def render(run: Path) -> str:
         f"{kind} on **{config['model']['name']}**, {heads['num_heads']} heads x {heads['num_layers']} block, "
         f"{'own' if heads['own_lm_head'] else 'shared'} lm_head{vocabulary}, {data['dataset']} "
         f"({data['max_train_conversations'] or 'all'} training conversations, {train['epochs']:g} epoch(s), "
-        f"max {data['max_length']} tokens), "
+        f"max {data['max_length']} tokens; {trained_by(run, 'train/medusa.py')}), "
         f"held-out per-head accuracy on {int(result['tokens'][0])} assistant tokens:",
         "",
         *rows,
@@ -182,7 +189,7 @@ def render(run: Path) -> str:
     if bench.is_file():
         lines += ["", "Decoding benchmark (`scripts/bench.py`, same process, HF greedy `generate` is the baseline):",
                   "", bench.read_text().strip()]
-    if run.name == "smollm2-135m-medusa1":
+    if run == Path("runs/smollm2-135m-medusa1"):
         lines += ["", "Produced by `make demo` (training, `scripts/build_tree.py`, `scripts/bench.py`)."]
     return "\n".join(lines)
 
