@@ -5,8 +5,8 @@
         --temperature 0 --max-new-tokens 128 --out runs/bench
 
 Methods: baseline (HF `generate`, the reference), hf_unpacked (the same with every linear through stock
-F.linear: the model as transformers runs it without --untuned-cpu's packing, so a run shows what packing gives
-HF itself; results.md then adds each method's speedup against it), prompt_lookup (HF prompt lookup decoding, a peer),
+F.linear, i.e. as transformers runs it without the CPU tuning's packed weights; a run then shows what packing
+gives HF itself, and results.md adds each method's speedup against it), prompt_lookup (HF prompt lookup decoding, a peer),
 plain (our decoder without heads), pld (prompt lookup as a candidate source of our decoder),
 medusa (our tree decoder with the heads and their tree; --heads NAME=DIR,NAME=DIR compares several sets as
 medusa:NAME; Medusa-2 heads decode on the base with their LoRA adapter merged, and an extra baseline:NAME
