@@ -75,7 +75,7 @@ def stock_linears():
     """Inside the block every PackedLinear runs plain F.linear, as transformers does without this module.
 
     Benchmarks time HF `generate` this way too (`hf_unpacked`), so a run shows what the packing itself gives
-    a user beside what speculation gives on the packed model."""
+    a user beside what speculation gives on the packed model. The switch is process-wide, not per thread."""
     global _stock_linears
     _stock_linears += 1
     try:
