@@ -6,10 +6,10 @@ A verify step feeds the base a handful of tokens (the tree's nodes). Measured on
    own layout; what torch.compile's weight freezing uses on CPU) takes ~0.05 ms for 1-8 rows. One row stays
    with F.linear (gemv; a whole one-token forward was ~10% faster that way), so plain decoding is untouched.
    `pack_linears` swaps each fp32 CPU nn.Linear for a PackedLinear that shares its parameters (state dicts, tied
-   weights and `isinstance(..., nn.Linear)` are unchanged) and keeps the packed copy beside them: fp32 weight
-   memory doubles. Results match F.linear to float rounding (another summation order), so a greedy decode may
-   part from an unpacked one at a near-tie, as between any two fp32 kernels: compare methods on the same
-   (packed) model, as scripts/bench.py does. Other dtypes (fp16, fp64), GPUs and autograd go through F.linear;
+   weights and `isinstance(..., nn.Linear)` are unchanged) and keeps the packed copy beside them: weight
+   memory doubles (fp32 and bf16 alike). Results match F.linear to float rounding (another summation order),
+   so a greedy decode may part from an unpacked one at a near-tie, as between any two fp32 kernels: compare
+   methods on the same (packed) model, as scripts/bench.py does. Other dtypes (fp16, fp64), GPUs and autograd go through F.linear;
    weights changed after packing are packed again.
    **Bf16** weights take the same road through oneDNN: F.linear reorders a bf16 weight into oneDNN's blocked
    layout on every call; `torch.ops.mkldnn._reorder_linear_weight` does it once (torch.compile's weight
@@ -23,7 +23,6 @@ A verify step feeds the base a handful of tokens (the tree's nodes). Measured on
 
 `prepare_cpu_verify(model, heads, ...)` applies both; chat, bench, build_tree and the tuners call it
 (`--untuned-cpu` skips it). See scripts/build_tree.py for the per-budget verify costs it gives on your machine.
-Packing keeps a second copy of each packed weight (fp32 or bf16), so weight memory doubles.
 """
 
 from __future__ import annotations
