@@ -9,8 +9,8 @@ A verify step feeds the base a handful of tokens (the tree's nodes). Measured on
    weights and `isinstance(..., nn.Linear)` are unchanged) and keeps the packed copy beside them: weight
    memory doubles (fp32 and bf16 alike). Results match F.linear to float rounding (another summation order),
    so a greedy decode may part from an unpacked one at a near-tie, as between any two fp32 kernels: compare
-   methods on the same (packed) model, as scripts/bench.py does. Other dtypes (fp16, fp64), GPUs and autograd go through F.linear;
-   weights changed after packing are packed again.
+   methods on the same (packed) model, as scripts/bench.py does. Other dtypes (fp16, fp64), GPUs and autograd
+   go through F.linear; weights changed after packing are packed again.
    **Bf16** weights take the same road through oneDNN: F.linear reorders a bf16 weight into oneDNN's blocked
    layout on every call; `torch.ops.mkldnn._reorder_linear_weight` does it once (torch.compile's weight
    freezing uses the same pair). Measured on a 2-core AMD EPYC (AVX-512 bf16): a 1536x576 layer 53 -> 28 us
