@@ -7,6 +7,9 @@ Reads each run's eval.json and train_config.json (Medusa or EAGLE; a saved heads
 heads/trained/<name> works too), and each extra benchmark's
 results.json/results.md, and replaces the text between the results markers in the README with the
 tables, the commands, date and machine.
+
+--store data/benchmarks copies each benchmark's results.json and results.md there first (runs/ is not
+committed) and names the copies in the section's command, so a fresh clone regenerates the same section.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shutil
 from pathlib import Path
 
 from bench import machine  # scripts/ is on sys.path when this script runs
@@ -194,13 +198,32 @@ def render(run: Path) -> str:
     return "\n".join(lines)
 
 
+def store_benchmarks(bench_dirs: list[Path], store: Path) -> list[Path]:
+    """Copy each benchmark's results.json and results.md to store/<its folder name>; return the copies."""
+    copies = []
+    for directory in bench_dirs:
+        copy = store / directory.name
+        if directory.resolve() != copy.resolve():
+            copy.mkdir(parents=True, exist_ok=True)
+            for name in ("results.json", "results.md"):
+                shutil.copyfile(directory / name, copy / name)
+        copies.append(copy)
+    return copies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", action="append", type=Path, help="training run folder (repeatable)")
     parser.add_argument("--bench", action="append", default=[], type=Path, help="extra bench.py --out folder (repeatable)")
+    parser.add_argument("--store", type=Path, help="copy the benchmarks' results here (e.g. data/benchmarks) and read the copies")
     parser.add_argument("--readme", default="README.md", type=Path)
     args = parser.parse_args()
     runs = args.run or [Path("runs/smollm2-135m-medusa1")]
+    for directory in args.bench:
+        if not (directory / "results.json").is_file():
+            raise SystemExit(f"--bench {directory}: no results.json (a scripts/bench.py --out folder is expected)")
+    if args.store:
+        args.bench = store_benchmarks(args.bench, args.store)
     command = "python scripts/results.py " + " ".join(
         [f"--run {run}" for run in runs] + [f"--bench {b}" for b in args.bench])
     summary = [render_summary(args.bench)] if args.bench else []

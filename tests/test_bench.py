@@ -220,3 +220,19 @@ def test_results_summary_takes_each_method_from_its_largest_then_latest_run(tmp_
     with_unpacked = bench("g", "large", 1.0, 8, "2026-01-01", {"baseline": 1.0, "hf_unpacked": 0.5, "medusa": 1.2})
     assert "| medusa | 2.20 | 12.0 | **1.20x** | 2.40x | 1.20x (2.20) | g |" in results.render_summary([with_unpacked])
     assert summary.index("**large**, T=0") < summary.index("**small**, T=0") < summary.index("**small**, T=1")
+
+
+def test_results_store_copies_benchmarks_so_a_fresh_clone_can_regenerate_the_section(tmp_path):
+    import results
+
+    run = tmp_path / "runs" / "bench-x"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text('{"command": "python scripts/bench.py"}')
+    (run / "results.md").write_text("| method |\n")
+    (run / "records.json").write_text("[]")  # per-question records stay behind
+    store = tmp_path / "data" / "benchmarks"
+    copies = results.store_benchmarks([run], store)
+    assert copies == [store / "bench-x"]
+    assert sorted(p.name for p in copies[0].iterdir()) == ["results.json", "results.md"]
+    assert results.render_bench(copies[0]) == results.render_bench(run)
+    assert results.store_benchmarks(copies, store) == copies  # storing the stored copies again is a no-op
