@@ -126,9 +126,8 @@ qwen-eagle: setup-qwen
 		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
 		--out runs/bench-qwen-eagle3-t$$t || exit 1; done
 
-# Medusa heads for the 1.5B target on the same answers (3 heads, 16k-token draft vocabulary). With the
-# EAGLE-3 draft's feature cache in place they train in ~7 minutes (else epoch 1 runs the 1.5B, ~31 min);
-# their tree is chosen here, then every method runs at T=0 and T=1 in one benchmark per temperature.
+# Medusa heads for the 1.5B target on its 1,200 answers (3 heads, 16k-token draft vocabulary): epoch 1 runs
+# the 1.5B and caches its states (~52 min on 2 cores), epochs 2-4 read them (~10 min); their tree is chosen here, then every method runs at T=0 and T=1 in one benchmark per temperature.
 QWEN_MEDUSA := runs/qwen2.5-coder-1.5b-medusa
 QWEN_METHODS := $(SEED_METHODS),medusa,medusa_pld
 qwen-medusa: setup-qwen
