@@ -200,6 +200,9 @@ def render(run: Path) -> str:
 
 def store_benchmarks(bench_dirs: list[Path], store: Path) -> list[Path]:
     """Copy each benchmark's results.json and results.md to store/<its folder name>; return the copies."""
+    names = [directory.name for directory in bench_dirs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--store: two benchmarks share a folder name ({names}); their copies would overwrite")
     copies = []
     for directory in bench_dirs:
         copy = store / directory.name
