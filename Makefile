@@ -127,7 +127,8 @@ qwen-eagle: setup-qwen
 		--out runs/bench-qwen-eagle3-t$$t || exit 1; done
 
 # Medusa heads for the 1.5B target on its 1,200 answers (3 heads, 16k-token draft vocabulary): epoch 1 runs
-# the 1.5B and caches its states (~52 min on 2 cores), epochs 2-4 read them (~10 min); their tree is chosen here, then every method runs at T=0 and T=1 in one benchmark per temperature.
+# the 1.5B and caches its states (~52 min on 2 cores), epochs 2-4 read them (~10 min); their tree is chosen
+# here, then every method runs at T=0 and T=1 in one benchmark per temperature.
 QWEN_MEDUSA := runs/qwen2.5-coder-1.5b-medusa
 QWEN_METHODS := $(SEED_METHODS),medusa,medusa_pld
 qwen-medusa: setup-qwen
