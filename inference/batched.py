@@ -10,7 +10,10 @@ trees are smaller are padded with nodes that see only themselves and are never a
 leave the batch (`Cache.batch_select_indices`).
 
 Greedy only: every row's tokens equal the base's own greedy decoding of that prompt.
-Sources: plain (none), Medusa heads, prompt lookup — any source without per-generation state.
+Sources: plain (none), Medusa heads, prompt lookup — any source without per-generation state — and
+feature-level drafts (EAGLE), which keep a draft cache per generation: each row gets its own copy of the
+source (`spawn`: same draft weights, its own cache) and commits its own accepted tokens and base states.
+The base forward is batched; the draft runs row by row.
 """
 
 from __future__ import annotations
@@ -45,11 +48,15 @@ class BatchedTreeDecoder:
                 raise ValueError("no tree given and the heads folder holds none: pass tree=")
             heads.to(device=model.device, dtype=model.dtype).eval()
             candidates = MedusaCandidates(heads, tree, model.get_output_embeddings(), model.device)
-        if candidates is not None and any(hasattr(candidates, name) for name in ("begin", "commit", "observe")):
-            raise ValueError(f"{type(candidates).__name__} keeps per-generation state; batched decoding takes plain, "
-                             "Medusa or prompt-lookup candidates")
+        stateful = candidates is not None and any(hasattr(candidates, name) for name in ("begin", "commit", "observe"))
+        if stateful and (hasattr(candidates, "observe") or not hasattr(candidates, "spawn")):
+            raise ValueError(f"{type(candidates).__name__} keeps per-generation state and cannot give each row its own "
+                             "copy; batched decoding takes plain, Medusa, prompt-lookup or EAGLE candidates")
         self.model = model
         self.candidates = candidates or NoCandidates(model.device)
+        self.per_row = stateful  # one spawned copy of the source per row (EAGLE drafts)
+        self.feature_layers = tuple(getattr(self.candidates, "feature_layers", ()))
+        self._features = []
         self._cache_argument = cache_argument_name(model)
         self.base_forwards = 0
         self.row_forwards = 0  # Σ over forwards of the rows in them: τ = new tokens / row_forwards
@@ -59,6 +66,8 @@ class BatchedTreeDecoder:
                          output_hidden_states=True, **{self._cache_argument: cache})
         self.base_forwards += 1
         self.row_forwards += input_ids.shape[0]
+        # Feature-level drafts read these layers' states at each row's accepted positions.
+        self._features = [out.hidden_states[layer] for layer in self.feature_layers]
         return out.logits, out.hidden_states[-1]
 
     def _prefill(self, prompts: list[list[int]], pad_id: int, cache):
@@ -89,6 +98,11 @@ class BatchedTreeDecoder:
         outputs = [[] for _ in prompts]
         rows = list(range(len(prompts)))  # the original index of each row still decoding
         pending = [[int(t)] for t in logits.argmax(-1)]
+        sources = [self.candidates.spawn() for _ in prompts] if self.per_row else [self.candidates] * len(prompts)
+        if self.per_row:  # each draft reads its row's prompt: states at the row's real (right-aligned) positions
+            width = valid.shape[1]
+            for i, prompt in enumerate(prompts):
+                sources[i].commit(prompt[1:] + pending[i], [f[i, width - len(prompt):] for f in self._features])
         while True:
             # Emit each row's accepted tokens; rows that hit EOS or the budget leave the batch.
             alive = []
@@ -108,11 +122,12 @@ class BatchedTreeDecoder:
                 cache.batch_select_indices(keep)
                 valid, lengths, hidden = valid[keep], lengths[keep], hidden[keep]
                 rows, pending = [rows[i] for i in alive], [pending[i] for i in alive]
+                sources = [sources[i] for i in alive]
             for i, row in enumerate(rows):
                 contexts[row].extend(pending[i][:-1])
 
             # Each row's tree, padded to the widest one.
-            proposals = [self.candidates.propose(pending[i][-1], hidden[i], contexts[row]) for i, row in enumerate(rows)]
+            proposals = [sources[i].propose(pending[i][-1], hidden[i], contexts[row]) for i, row in enumerate(rows)]
             width = max(len(tokens) for tokens, _ in proposals)
             tokens = torch.zeros((len(rows), width), dtype=torch.long, device=device)
             positions = lengths[:, None].repeat(1, width)
@@ -132,6 +147,8 @@ class BatchedTreeDecoder:
                 accepted.append(path)
                 contexts[rows[i]].append(pending[i][-1])
                 pending[i] = row_tokens[path[1:]].tolist() + [bonus]
+                if self.per_row:
+                    sources[i].commit(pending[i], [f[i, path] for f in self._features])
             kept = keep_accepted_paths(cache, width, accepted)
             block = torch.zeros((len(rows), kept), dtype=torch.bool, device=device)
             for i, path in enumerate(accepted):

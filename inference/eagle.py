@@ -22,6 +22,7 @@ Tree entries are cropped from the draft cache before the next commit.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -76,6 +77,13 @@ class EagleCandidates:
         self.cache = DynamicCache()
         self.committed = 0
         self.last_output = None
+
+    def spawn(self) -> "EagleCandidates":
+        """Another source over the same draft and tree settings with a cache of its own: batched decoding
+        keeps one per row, since rows accept different tokens and so commit different entries."""
+        twin = copy.copy(self)  # shares the draft, embeddings and lm_head; begin() gives it its own cache
+        twin.begin()
+        return twin
 
     def _drop_tree_entries(self) -> None:
         extra = self.cache.get_seq_length() - self.committed

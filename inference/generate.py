@@ -44,6 +44,12 @@ def eagle_tree_options(top_k: int | None = None, depth: int | None = None, total
     return {key: value for key, value in given.items() if value is not None}
 
 
+def eagle_candidates(draft, model, eagle_tree: dict | None = None) -> EagleCandidates:
+    """An EAGLE draft's dynamic-tree source: the tree settings stored with the draft, overridden by eagle_tree."""
+    settings = {**(getattr(draft, "extra_config", {}) or {}).get("eagle_tree", {}), **(eagle_tree or {})}
+    return EagleCandidates(draft, model, **settings)
+
+
 def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None,
                  prompt_lookup: bool = False) -> TreeDecoder:
     """The decoder for these heads: Medusa with a static tree, EAGLE with an EAGLE-2 dynamic tree.
@@ -54,8 +60,7 @@ def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None,
     if prompt_lookup and heads is None:
         return TreeDecoder(model, candidates=PromptLookupCandidates(device=model.device))
     if isinstance(heads, EagleDraft):
-        settings = {**(getattr(heads, "extra_config", {}) or {}).get("eagle_tree", {}), **(eagle_tree or {})}
-        decoder = TreeDecoder(model, candidates=EagleCandidates(heads, model, **settings))
+        decoder = TreeDecoder(model, candidates=eagle_candidates(heads, model, eagle_tree))
     else:
         decoder = TreeDecoder(model, heads, tree)
     if prompt_lookup:  # the heads' own source (its tree resolved above) inside the lookup combination

@@ -24,8 +24,8 @@ answers fed back. τ = new tokens / base forwards (counted with a forward hook, 
 Writes OUT/results.json, OUT/results.md and OUT/results.png.
 
 --batch-size B: throughput mode. The questions' first turns are decoded B at a time (greedy): baseline is
-HF batched `generate` (left padding), plain / medusa / pld our batched decoder (inference/batched.py), each
-row at its own pace. Reported per method: total new tokens / total seconds, τ per row, speedup vs the HF
+HF batched `generate` (left padding), plain / medusa / pld / eagle2 / eagle3 our batched decoder
+(inference/batched.py), each row at its own pace (an EAGLE draft runs row by row, the base forward batched). Reported per method: total new tokens / total seconds, τ per row, speedup vs the HF
 batch, and greedy match per row against it. Writes OUT/results.json and OUT/results.md.
 """
 
@@ -51,8 +51,8 @@ from specheads.inference.batched import BatchedTreeDecoder, left_pad
 from specheads.inference.candidates import (FallbackCandidates, MedusaCandidates, MergedCandidates,
                                             PromptLookupCandidates, lookup_with_heads)
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
-from specheads.inference.generate import (chat_input_ids, eagle_tree_options, eos_token_ids, load_draft_heads,
-                                          make_decoder)
+from specheads.inference.generate import (chat_input_ids, eagle_candidates, eagle_tree_options, eos_token_ids,
+                                          load_draft_heads, make_decoder)
 from specheads.inference.lookahead import LookaheadCandidates
 from specheads.inference.cpu_verify import (add_untuned_cpu_argument, cpu_verify_settings, prepare_cpu_verify,
                                             stock_linears)
@@ -370,7 +370,7 @@ def load_eagle_drafts(args, methods, model) -> dict:
     return {m: by_variant[EAGLE_METHODS[m]] for m in wanted}
 
 
-BATCHED_METHODS = ("baseline", "plain", "medusa", "pld")
+BATCHED_METHODS = ("baseline", "plain", "medusa", "pld", "eagle2", "eagle3")
 
 
 def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, eos: list[int]):
@@ -388,7 +388,7 @@ def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens
     return rows
 
 
-def run_batched(args, model, tokenizer, heads, methods, questions) -> dict:
+def run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts=None) -> dict:
     """Throughput of decoding the first turns B at a time, every method on the same batches."""
     unknown = [m for m in methods if m not in BATCHED_METHODS]
     if unknown or args.temperature != 0:
@@ -402,6 +402,9 @@ def run_batched(args, model, tokenizer, heads, methods, questions) -> dict:
         if len(heads) > 1 or next(iter(heads.values()))[0] is not model:
             raise SystemExit("--batch-size: one plain heads folder (a Medusa-2 folder: use its merged export)")
         decoders["medusa"] = BatchedTreeDecoder(model, next(iter(heads.values()))[1], tree)
+    eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens, args.eagle_min_prob)
+    for method, draft in (eagle_drafts or {}).items():
+        decoders[method] = BatchedTreeDecoder(model, candidates=eagle_candidates(draft, model, eagle_tree))
     prompts = [chat_input_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}])[0].tolist() for q in questions]
     batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
 
@@ -475,12 +478,12 @@ def main(argv=None):
     questions = load_questions(args.questions, args.max_questions, args.skip_questions)
     if "baseline" not in methods:
         methods = ["baseline"] + methods  # speedup is always against HF greedy in the same run
-    eagle_drafts = {} if args.batch_size else load_eagle_drafts(args, methods, model)
+    eagle_drafts = load_eagle_drafts(args, methods, model)
     # every method, the baseline included, runs on the same (packed or plain) weights
     prepare_cpu_verify(model, *(m for pair in heads.values() for m in pair), *eagle_drafts.values(),
                        enabled=not args.untuned_cpu)
     if args.batch_size:
-        return run_batched(args, model, tokenizer, heads, methods, questions)
+        return run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts)
     runner = Runner(args, model, tokenizer, heads, eagle_drafts)
 
     for method in methods:  # warm-up: first calls allocate and tune kernels

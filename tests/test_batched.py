@@ -7,7 +7,6 @@ from test_decoder import TREE, VOCAB, fitted_heads, tiny_model
 
 from specheads.inference.batched import BatchedTreeDecoder
 from specheads.inference.candidates import PromptLookupCandidates
-from specheads.inference.generate import make_decoder
 
 
 def hf_batched_greedy(model, prompts, max_new_tokens, eos=2):
@@ -56,13 +55,33 @@ def test_batched_plain_and_prompt_lookup_rows_leave_early():
     assert lookup.generate(prompts, 30, eos_token_ids=[eos]) == stopped
 
 
-def test_batched_refuses_stateful_sources():
+@pytest.mark.parametrize("arch,variant", [("llama", "eagle3"), ("qwen2", "eagle1")])
+def test_batched_eagle_equals_hf_batched_greedy_fp64(arch, variant):
+    """Each row's EAGLE draft follows only its own accepted tokens: one shared draft cache would mix rows."""
     from test_eagle import deep_tiny_model, fitted_draft
 
-    model = deep_tiny_model("llama")
-    eagle = make_decoder(model, fitted_draft(model, "eagle3", steps=2)).candidates
+    from specheads.inference.eagle import EagleCandidates
+
+    model = deep_tiny_model(arch)
+    source = EagleCandidates(fitted_draft(model, variant), model, top_k=4, depth=4, total_tokens=12)
+    decoder = BatchedTreeDecoder(model, candidates=source)
+    new = forwards = 0
+    for case in range(3):
+        prompts = prompts_of([5, 11, 7, 16][: 2 + case], 400 + case)
+        rows = decoder.generate(prompts, 40, eos_token_ids=[2])
+        assert rows == hf_batched_greedy(model, prompts, 40), case
+        new, forwards = new + sum(len(r) for r in rows), forwards + decoder.row_forwards
+    assert new > 1.5 * forwards, "drafted tokens must be accepted, not only bonus tokens"
+    # the source handed in stays unused: every row decoded with a copy of its own
+    assert source.committed == 0 and source.last_output is None
+
+
+def test_batched_refuses_sources_it_cannot_copy_per_row():
+    from specheads.inference.lookahead import LookaheadCandidates
+
+    model = tiny_model("llama")
     with pytest.raises(ValueError, match="per-generation state"):
-        BatchedTreeDecoder(model, candidates=eagle)
+        BatchedTreeDecoder(model, candidates=LookaheadCandidates(window=3, ngram=2, pool=2))
 
 
 def test_bench_batch_mode_matches_hf_batched_generate(tmp_path, tiny_llama_dir):

@@ -102,6 +102,17 @@ def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
     with pytest.raises(SystemExit, match="eagle3"):
         bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", folders[0], "--questions", str(questions),
                     "--methods", "eagle3", "--out", str(tmp_path / "b2")])
+    # batch mode: the same drafts, three first turns two at a time
+    with questions.open("a") as f:
+        for i, turn in enumerate(["Count to five.", "Say yes yes yes."]):
+            f.write(json.dumps({"question_id": f"b{i}", "category": "qa", "turns": [turn]}) + "\n")
+    results = bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", ",".join(folders), "--questions",
+                          str(questions), "--methods", "baseline,eagle2,eagle3", "--batch-size", "2",
+                          "--max-new-tokens", "10", "--eagle-tokens", "6", "--dtype", "fp64",
+                          "--out", str(tmp_path / "batched")])
+    assert results["questions"] == 3
+    for method in ("eagle2", "eagle3"):
+        assert results["methods"][method]["overall"]["greedy_match"] == 1.0, method
 
 
 def test_tune_eagle_tree_stores_the_fastest_shape(tmp_path, tiny_llama_dir):
