@@ -50,8 +50,8 @@ class BatchedTreeDecoder:
             candidates = MedusaCandidates(heads, tree, model.get_output_embeddings(), model.device)
         stateful = candidates is not None and any(hasattr(candidates, name) for name in ("begin", "commit", "observe"))
         if stateful and (hasattr(candidates, "observe") or not hasattr(candidates, "spawn")):
-            raise ValueError(f"{type(candidates).__name__} keeps per-generation state and cannot give each row its own "
-                             "copy; batched decoding takes plain, Medusa, prompt-lookup or EAGLE candidates")
+            raise ValueError(f"{type(candidates).__name__} cannot give each row a copy of its own (spawn): batched "
+                             "decoding takes plain, Medusa, prompt-lookup or EAGLE candidates, each on its own")
         self.model = model
         self.candidates = candidates or NoCandidates(model.device)
         self.per_row = stateful  # one spawned copy of the source per row (EAGLE drafts)

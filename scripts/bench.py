@@ -431,7 +431,8 @@ def run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts=
             t["rows"].extend(rows)
     base = totals["baseline"]
     results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:]), "model": args.model, "heads": args.heads,
-               "dtype": str(model.dtype), "cpu_verify": cpu_verify_settings(model), "temperature": 0.0, "max_new_tokens": args.max_new_tokens,
+               "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "cpu_verify": cpu_verify_settings(model),
+               "temperature": 0.0, "max_new_tokens": args.max_new_tokens,
                "batch_size": args.batch_size, "questions": len(prompts), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {}}
     lines = [f"Model {args.model} ({model.dtype}), batch {args.batch_size}, greedy, max {args.max_new_tokens} new tokens, "

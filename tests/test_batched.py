@@ -57,19 +57,35 @@ def test_batched_plain_and_prompt_lookup_rows_leave_early():
 
 @pytest.mark.parametrize("arch,variant", [("llama", "eagle3"), ("qwen2", "eagle1")])
 def test_batched_eagle_equals_hf_batched_greedy_fp64(arch, variant):
-    """Each row's EAGLE draft follows only its own accepted tokens: one shared draft cache would mix rows."""
+    """Each row's draft must follow its own prompt and accepted tokens exactly as a single-row decode does: the
+    tokens alone cannot show that (verification makes them right whatever the draft proposes), so every row
+    must also take as many base forwards as it takes decoded alone."""
     from test_eagle import deep_tiny_model, fitted_draft
 
+    from specheads.inference.decoder import TreeDecoder
     from specheads.inference.eagle import EagleCandidates
 
     model = deep_tiny_model(arch)
-    source = EagleCandidates(fitted_draft(model, variant), model, top_k=4, depth=4, total_tokens=12)
+    draft = fitted_draft(model, variant)
+    source = EagleCandidates(draft, model, top_k=4, depth=4, total_tokens=12)
     decoder = BatchedTreeDecoder(model, candidates=source)
+    alone = TreeDecoder(model, candidates=EagleCandidates(draft, model, top_k=4, depth=4, total_tokens=12))
     new = forwards = 0
-    for case in range(3):
-        prompts = prompts_of([5, 11, 7, 16][: 2 + case], 400 + case)
-        rows = decoder.generate(prompts, 40, eos_token_ids=[2])
-        assert rows == hf_batched_greedy(model, prompts, 40), case
+    for case in range(4):
+        prompts = prompts_of([5, 11, 7, 16][: 2 + min(case, 2)], 400 + case)
+        eos = 2
+        if case == 3:  # call "EOS" a token that ends one row early while another row goes on
+            full = hf_batched_greedy(model, prompts, 40)
+            eos = next(t for t in full[1][:5] if any(t not in row[:10] for row in full))
+        rows = decoder.generate(prompts, 40, eos_token_ids=[eos])
+        assert rows == hf_batched_greedy(model, prompts, 40, eos=eos), case
+        if case == 3:
+            assert min(len(row) for row in rows) <= 5 and max(len(row) for row in rows) > 10
+        single_forwards = 0
+        for prompt, row in zip(prompts, rows):
+            assert alone.generate_ids(torch.tensor([prompt]), 40, eos_token_ids=[eos]) == row
+            single_forwards += alone.stats.base_forwards
+        assert decoder.row_forwards == single_forwards, case
         new, forwards = new + sum(len(r) for r in rows), forwards + decoder.row_forwards
     assert new > 1.5 * forwards, "drafted tokens must be accepted, not only bonus tokens"
     # the source handed in stays unused: every row decoded with a copy of its own
@@ -79,9 +95,18 @@ def test_batched_eagle_equals_hf_batched_greedy_fp64(arch, variant):
 def test_batched_refuses_sources_it_cannot_copy_per_row():
     from specheads.inference.lookahead import LookaheadCandidates
 
+    from test_eagle import deep_tiny_model, fitted_draft
+
+    from specheads.inference.candidates import lookup_with_heads
+    from specheads.inference.eagle import EagleCandidates
+
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match="per-generation state"):
+    with pytest.raises(ValueError, match="a copy of its own"):
         BatchedTreeDecoder(model, candidates=LookaheadCandidates(window=3, ngram=2, pool=2))
+    deep = deep_tiny_model("llama")
+    eagle = EagleCandidates(fitted_draft(deep, "eagle3", steps=2), deep, top_k=2, depth=2, total_tokens=4)
+    with pytest.raises(ValueError, match="a copy of its own"):  # EAGLE inside prompt lookup: no per-row copy
+        BatchedTreeDecoder(deep, candidates=lookup_with_heads(eagle))
 
 
 def test_bench_batch_mode_matches_hf_batched_generate(tmp_path, tiny_llama_dir):
