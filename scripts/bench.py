@@ -105,7 +105,8 @@ def parse_args(argv=None):
     add_untuned_cpu_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="throughput mode: decode first turns B at a time (methods baseline, plain, medusa, pld)")
+                        help="throughput mode: decode first turns B at a time "
+                             "(methods baseline, plain, medusa, pld, eagle2, eagle3)")
     parser.add_argument("--out", default="runs/bench")
     return parser.parse_args(argv)
 
