@@ -25,8 +25,9 @@ Writes OUT/results.json, OUT/results.md and OUT/results.png.
 
 --batch-size B: throughput mode. The questions' first turns are decoded B at a time (greedy): baseline is
 HF batched `generate` (left padding), plain / medusa / pld / eagle2 / eagle3 our batched decoder
-(inference/batched.py), each row at its own pace (an EAGLE draft runs row by row, the base forward batched). Reported per method: total new tokens / total seconds, τ per row, speedup vs the HF
-batch, and greedy match per row against it. Writes OUT/results.json and OUT/results.md.
+(inference/batched.py), each row at its own pace (an EAGLE draft runs row by row, the base forward batched).
+Reported per method: total new tokens / total seconds, τ per row, speedup vs the HF batch, and greedy match
+per row against it. Writes OUT/results.json and OUT/results.md.
 """
 
 from __future__ import annotations

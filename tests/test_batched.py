@@ -93,12 +93,11 @@ def test_batched_eagle_equals_hf_batched_greedy_fp64(arch, variant):
 
 
 def test_batched_refuses_sources_it_cannot_copy_per_row():
-    from specheads.inference.lookahead import LookaheadCandidates
-
     from test_eagle import deep_tiny_model, fitted_draft
 
     from specheads.inference.candidates import lookup_with_heads
     from specheads.inference.eagle import EagleCandidates
+    from specheads.inference.lookahead import LookaheadCandidates
 
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="a copy of its own"):
