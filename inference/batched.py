@@ -11,9 +11,11 @@ leave the batch (`Cache.batch_select_indices`).
 
 Greedy only: every row's tokens equal the base's own greedy decoding of that prompt.
 Sources: plain (none), Medusa heads, prompt lookup — any source without per-generation state — and
-feature-level drafts (EAGLE), which keep a draft cache per generation: each row gets its own copy of the
-source (`spawn`: same draft weights, its own cache) and commits its own accepted tokens and base states.
-The base forward is batched; the draft runs row by row.
+sources that keep some, which each row gets a copy of (`spawn`): feature-level drafts (EAGLE) keep a draft
+cache per generation (a copy shares the draft weights and has its own cache; each row commits its own
+accepted tokens and base states), and combinations such as heads with prompt lookup
+(candidates.lookup_with_heads) copy the sources inside them that need it. The base forward is batched;
+the drafts run row by row.
 """
 
 from __future__ import annotations
@@ -51,10 +53,13 @@ class BatchedTreeDecoder:
         stateful = candidates is not None and any(hasattr(candidates, name) for name in ("begin", "commit", "observe"))
         if stateful and (hasattr(candidates, "observe") or not hasattr(candidates, "spawn")):
             raise ValueError(f"{type(candidates).__name__} cannot give each row a copy of its own (spawn): batched "
-                             "decoding takes plain, Medusa, prompt-lookup or EAGLE candidates, each on its own")
+                             "decoding takes plain, Medusa, prompt-lookup or EAGLE candidates and their combinations")
+        if stateful:
+            candidates.spawn()  # a combination copies its parts: a part that cannot be copied fails here, not mid-batch
         self.model = model
         self.candidates = candidates or NoCandidates(model.device)
-        self.per_row = stateful  # one spawned copy of the source per row (EAGLE drafts)
+        self.per_row = stateful  # one spawned copy of the source per row (EAGLE drafts, combined sources)
+        self.commits = hasattr(self.candidates, "commit")  # a feature-level draft follows each row's accepted tokens
         self.feature_layers = tuple(getattr(self.candidates, "feature_layers", ()))
         self._features = []
         self._cache_argument = cache_argument_name(model)
@@ -99,7 +104,7 @@ class BatchedTreeDecoder:
         rows = list(range(len(prompts)))  # the original index of each row still decoding
         pending = [[int(t)] for t in logits.argmax(-1)]
         sources = [self.candidates.spawn() for _ in prompts] if self.per_row else [self.candidates] * len(prompts)
-        if self.per_row:  # each draft reads its row's prompt: states at the row's real (right-aligned) positions
+        if self.commits:  # each draft reads its row's prompt: states at the row's real (right-aligned) positions
             width = valid.shape[1]
             for i, prompt in enumerate(prompts):
                 sources[i].commit(prompt[1:] + pending[i], [f[i, width - len(prompt):] for f in self._features])
@@ -147,7 +152,7 @@ class BatchedTreeDecoder:
                 accepted.append(path)
                 contexts[rows[i]].append(pending[i][-1])
                 pending[i] = row_tokens[path[1:]].tolist() + [bonus]
-                if self.per_row:
+                if self.commits:
                     sources[i].commit(pending[i], [f[i, path] for f in self._features])
             kept = keep_accepted_paths(cache, width, accepted)
             block = torch.zeros((len(rows), kept), dtype=torch.bool, device=device)

@@ -13,6 +13,8 @@ the base model chose last) together with that tree's buffers. Sources:
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .tree import TreeBuffers, build_tree_buffers, chain_tree
@@ -126,18 +128,32 @@ class _CombinedSources:
             if hasattr(source, "lossless_accept") or hasattr(source, "observe"):
                 raise ValueError(f"{type(source).__name__} brings its own acceptance or verify feedback; "
                                  f"it cannot be combined with other sources")
-        self.sources = sources
-        feature_sources = [s for s in sources if hasattr(s, "commit")]
-        if len(feature_sources) > 1:
+        if len([s for s in sources if hasattr(s, "commit")]) > 1:
             raise ValueError("at most one feature-level draft (e.g. EAGLE) among combined sources")
-        if feature_sources:
-            self.feature_layers = feature_sources[0].feature_layers
-            self.commit = feature_sources[0].commit
+        self._use_sources(sources)
+
+    def _use_sources(self, sources) -> None:
+        self.sources = tuple(sources)
+        for source in self.sources:
+            if hasattr(source, "commit"):  # the feature-level draft: its states and commits pass through
+                self.feature_layers = source.feature_layers
+                self.commit = source.commit
 
     def begin(self, *args) -> None:
         for source in self.sources:
             if hasattr(source, "begin"):
                 source.begin(*args)
+
+    def spawn(self):
+        """A copy for one row of a batch: a feature-level draft inside gets a copy of its own (its own cache);
+        stateless sources (heads, prompt lookup) and the counters are shared."""
+        for source in self.sources:
+            if hasattr(source, "begin") and not hasattr(source, "spawn"):
+                raise ValueError(f"{type(source).__name__} keeps per-generation state but cannot give each row a "
+                                 "copy of its own (spawn)")
+        twin = copy.copy(self)
+        twin._use_sources(s.spawn() if hasattr(s, "spawn") else s for s in self.sources)
+        return twin
 
 
 class MergedCandidates(_CombinedSources):

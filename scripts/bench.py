@@ -24,8 +24,8 @@ answers fed back. τ = new tokens / base forwards (counted with a forward hook, 
 Writes OUT/results.json, OUT/results.md and OUT/results.png.
 
 --batch-size B: throughput mode. The questions' first turns are decoded B at a time (greedy): baseline is
-HF batched `generate` (left padding), plain / medusa / pld / eagle2 / eagle3 our batched decoder
-(inference/batched.py), each row at its own pace (an EAGLE draft runs row by row, the base forward batched).
+HF batched `generate` (left padding), plain / medusa / medusa_pld / pld / eagle2 / eagle3 / eagle3_pld our
+batched decoder (inference/batched.py), each row at its own pace (drafts run row by row, the base forward batched).
 Reported per method: total new tokens / total seconds, τ per row, speedup vs the HF batch, and greedy match
 per row against it. Writes OUT/results.json and OUT/results.md.
 """
@@ -62,6 +62,7 @@ from specheads.inference.speculative import DraftModelCandidates, self_draft
 METHODS = ("baseline", "hf_unpacked", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
            "medusa", "medusa_pld", "eagle2", "eagle3", "eagle3_pld")
 EAGLE_METHODS = {"eagle2": "eagle1", "eagle3": "eagle3", "eagle3_pld": "eagle3"}  # bench method -> the draft variant it decodes with
+BATCHED_METHODS = ("baseline", "plain", "medusa", "medusa_pld", "pld", "eagle2", "eagle3", "eagle3_pld")  # --batch-size
 
 
 def parse_args(argv=None):
@@ -107,7 +108,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=None,
                         help="throughput mode: decode first turns B at a time "
-                             "(methods baseline, plain, medusa, pld, eagle2, eagle3)")
+                             "(methods " + ", ".join(BATCHED_METHODS) + ")")
     parser.add_argument("--out", default="runs/bench")
     return parser.parse_args(argv)
 
@@ -166,6 +167,13 @@ def reference_of(method: str, methods) -> str:
     return own if own in methods and not method.startswith("baseline") else "baseline"
 
 
+def lookup_heads_of(args, head_set, target):
+    """--pld-heads-tree: the (small) Medusa heads source merged with a matching lookup chain, else None."""
+    if not args.pld_heads_tree:
+        return None
+    return MedusaCandidates(head_set, json.loads(args.pld_heads_tree), target.get_output_embeddings(), target.device)
+
+
 def with_lookup(heads_source, args, device, heads_on_match=None):
     """Heads and prompt lookup (--pld-tokens) as one candidate source, combined as --pld-combine says, its trees
     on the model's device; heads_on_match: a (small) heads source merged with the lookup chain when it matches
@@ -207,9 +215,7 @@ class Runner:
                 for name in (method, reference):
                     self.model_of[name], self.counter_of[name] = target, counter
             if method == "medusa" or "medusa_pld" not in self.decoders:  # medusa_pld: the first set's tree
-                on_match = (MedusaCandidates(head_set, json.loads(args.pld_heads_tree), target.get_output_embeddings(),
-                                             target.device) if args.pld_heads_tree else None)
-                combined = with_lookup(medusa.candidates, args, target.device, on_match)
+                combined = with_lookup(medusa.candidates, args, target.device, lookup_heads_of(args, head_set, target))
                 self.decoders["medusa_pld"] = TreeDecoder(target, candidates=combined)
         eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens, args.eagle_min_prob)
         for method, draft in (eagle_drafts or {}).items():
@@ -372,9 +378,6 @@ def load_eagle_drafts(args, methods, model) -> dict:
     return {m: by_variant[EAGLE_METHODS[m]] for m in wanted}
 
 
-BATCHED_METHODS = ("baseline", "plain", "medusa", "pld", "eagle2", "eagle3")
-
-
 def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, eos: list[int]):
     """HF batched greedy `generate` on left-padded prompts; each row cut after its first EOS."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
@@ -403,10 +406,16 @@ def run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts=
     if heads:
         if len(heads) > 1 or next(iter(heads.values()))[0] is not model:
             raise SystemExit("--batch-size: one plain heads folder (a Medusa-2 folder: use its merged export)")
-        decoders["medusa"] = BatchedTreeDecoder(model, next(iter(heads.values()))[1], tree)
+        head_set = next(iter(heads.values()))[1]
+        decoders["medusa"] = medusa = BatchedTreeDecoder(model, head_set, tree)
+        decoders["medusa_pld"] = BatchedTreeDecoder(model, candidates=with_lookup(
+            medusa.candidates, args, model.device, lookup_heads_of(args, head_set, model)))
     eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens, args.eagle_min_prob)
     for method, draft in (eagle_drafts or {}).items():
-        decoders[method] = BatchedTreeDecoder(model, candidates=eagle_candidates(draft, model, eagle_tree))
+        source = eagle_candidates(draft, model, eagle_tree)
+        if method.endswith("_pld"):  # the EAGLE-2 tree with prompt lookup, as in single-row mode
+            source = with_lookup(source, args, model.device)
+        decoders[method] = BatchedTreeDecoder(model, candidates=source)
     prompts = [chat_input_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}])[0].tolist() for q in questions]
     batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
 

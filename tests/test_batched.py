@@ -55,57 +55,91 @@ def test_batched_plain_and_prompt_lookup_rows_leave_early():
     assert lookup.generate(prompts, 30, eos_token_ids=[eos]) == stopped
 
 
-@pytest.mark.parametrize("arch,variant", [("llama", "eagle3"), ("qwen2", "eagle1")])
-def test_batched_eagle_equals_hf_batched_greedy_fp64(arch, variant):
-    """Each row's draft must follow its own prompt and accepted tokens exactly as a single-row decode does: the
-    tokens alone cannot show that (verification makes them right whatever the draft proposes), so every row
-    must also take as many base forwards as it takes decoded alone."""
+def assert_rows_decode_as_alone(decoder, alone, prompts, max_new_tokens, eos=2):
+    """Rows equal HF batched greedy, and each row takes as many base forwards as decoded alone: the tokens alone
+    cannot show that a row's draft followed its own prompt and accepted tokens (verification makes them right
+    whatever the draft proposes). -> the rows."""
+    rows = decoder.generate(prompts, max_new_tokens, eos_token_ids=[eos])
+    assert rows == hf_batched_greedy(decoder.model, prompts, max_new_tokens, eos=eos)
+    single_forwards = 0
+    for prompt, row in zip(prompts, rows):
+        assert alone.generate_ids(torch.tensor([prompt]), max_new_tokens, eos_token_ids=[eos]) == row
+        single_forwards += alone.stats.base_forwards
+    assert decoder.row_forwards == single_forwards
+    return rows
+
+
+def test_batched_medusa_with_prompt_lookup_decodes_each_row_as_alone_fp64():
+    from specheads.inference.candidates import MedusaCandidates, lookup_with_heads
+    from specheads.inference.decoder import TreeDecoder
+
+    model = tiny_model("llama")
+    heads = fitted_heads(model)
+    combined = lookup_with_heads(MedusaCandidates(heads, TREE, model.get_output_embeddings()), max_ngram=2)
+    decoder = BatchedTreeDecoder(model, candidates=combined)
+    alone = TreeDecoder(model, candidates=combined)
+    prompts = prompts_of([5, 11, 7, 9], 500)
+    prompts[2] = prompts[2] * 3  # something to look up
+    assert_rows_decode_as_alone(decoder, alone, prompts, 40)
+    trusted_lookups, heads_trees = combined.steps_by_source
+    assert trusted_lookups > 0 and heads_trees > 0, "both the lookup chain and the heads' tree must be verified"
+
+
+@pytest.mark.parametrize("arch,variant,lookup", [("llama", "eagle3", False), ("qwen2", "eagle1", False),
+                                                 ("llama", "eagle3", True)])
+def test_batched_eagle_equals_hf_batched_greedy_fp64(arch, variant, lookup):
+    """Each row's draft must follow its own prompt and accepted tokens exactly as a single-row decode does, alone
+    and inside prompt lookup (lookup_with_heads: the draft is committed whichever source proposed the tokens)."""
     from test_eagle import deep_tiny_model, fitted_draft
 
+    from specheads.inference.candidates import lookup_with_heads
     from specheads.inference.decoder import TreeDecoder
     from specheads.inference.eagle import EagleCandidates
 
     model = deep_tiny_model(arch)
     draft = fitted_draft(model, variant)
-    source = EagleCandidates(draft, model, top_k=4, depth=4, total_tokens=12)
-    decoder = BatchedTreeDecoder(model, candidates=source)
-    alone = TreeDecoder(model, candidates=EagleCandidates(draft, model, top_k=4, depth=4, total_tokens=12))
+
+    def source_of(eagle):
+        return lookup_with_heads(eagle, max_ngram=2) if lookup else eagle
+
+    eagle = EagleCandidates(draft, model, top_k=4, depth=4, total_tokens=12)
+    decoder = BatchedTreeDecoder(model, candidates=source_of(eagle))
+    alone = TreeDecoder(model, candidates=source_of(EagleCandidates(draft, model, top_k=4, depth=4, total_tokens=12)))
     new = forwards = 0
     for case in range(4):
         prompts = prompts_of([5, 11, 7, 16][: 2 + min(case, 2)], 400 + case)
+        if lookup:
+            prompts[1] = prompts[1] * 2  # something to look up
         eos = 2
         if case == 3:  # call "EOS" a token that ends one row early while another row goes on
             full = hf_batched_greedy(model, prompts, 40)
             eos = next(t for t in full[1][:5] if any(t not in row[:10] for row in full))
-        rows = decoder.generate(prompts, 40, eos_token_ids=[eos])
-        assert rows == hf_batched_greedy(model, prompts, 40, eos=eos), case
+        rows = assert_rows_decode_as_alone(decoder, alone, prompts, 40, eos)
         if case == 3:
             assert min(len(row) for row in rows) <= 5 and max(len(row) for row in rows) > 10
-        single_forwards = 0
-        for prompt, row in zip(prompts, rows):
-            assert alone.generate_ids(torch.tensor([prompt]), 40, eos_token_ids=[eos]) == row
-            single_forwards += alone.stats.base_forwards
-        assert decoder.row_forwards == single_forwards, case
         new, forwards = new + sum(len(r) for r in rows), forwards + decoder.row_forwards
     assert new > 1.5 * forwards, "drafted tokens must be accepted, not only bonus tokens"
     # the source handed in stays unused: every row decoded with a copy of its own
-    assert source.committed == 0 and source.last_output is None
+    assert eagle.committed == 0 and eagle.last_output is None
+    if lookup:
+        assert alone.candidates.steps_by_source[0] > 0, "the trusted lookup chain must be verified on some steps"
 
 
 def test_batched_refuses_sources_it_cannot_copy_per_row():
-    from test_eagle import deep_tiny_model, fitted_draft
-
-    from specheads.inference.candidates import lookup_with_heads
-    from specheads.inference.eagle import EagleCandidates
+    from specheads.inference.candidates import MergedCandidates, PromptLookupCandidates
     from specheads.inference.lookahead import LookaheadCandidates
+
+    class CountingLookup(PromptLookupCandidates):
+        """Keeps per-generation state, with no way to copy it per row."""
+
+        def begin(self, *unused):
+            self.calls = 0
 
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="a copy of its own"):
         BatchedTreeDecoder(model, candidates=LookaheadCandidates(window=3, ngram=2, pool=2))
-    deep = deep_tiny_model("llama")
-    eagle = EagleCandidates(fitted_draft(deep, "eagle3", steps=2), deep, top_k=2, depth=2, total_tokens=4)
-    with pytest.raises(ValueError, match="a copy of its own"):  # EAGLE inside prompt lookup: no per-row copy
-        BatchedTreeDecoder(deep, candidates=lookup_with_heads(eagle))
+    with pytest.raises(ValueError, match="CountingLookup .*a copy of its own"):  # inside a combination
+        BatchedTreeDecoder(model, candidates=MergedCandidates(CountingLookup(), PromptLookupCandidates()))
 
 
 def test_bench_batch_mode_matches_hf_batched_generate(tmp_path, tiny_llama_dir):
@@ -127,10 +161,10 @@ def test_bench_batch_mode_matches_hf_batched_generate(tmp_path, tiny_llama_dir):
     write_jsonl(questions, [{"question_id": f"q{i}", "category": "qa", "turns": [f"Say {w} {w} {w} again."]}
                             for i, w in enumerate(["alpha", "beta", "gamma", "delta", "omega"])])
     results = bench.main(["--model", str(tiny_llama_dir), "--heads", str(tmp_path / "heads"), "--questions",
-                          str(questions), "--methods", "baseline,plain,medusa,pld", "--batch-size", "2",
+                          str(questions), "--methods", "baseline,plain,medusa,medusa_pld,pld", "--batch-size", "2",
                           "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(tmp_path / "bench")])
     assert results["batch_size"] == 2 and results["questions"] == 5
-    for method in ("plain", "medusa", "pld"):
+    for method in ("plain", "medusa", "medusa_pld", "pld"):
         assert results["methods"][method]["overall"]["greedy_match"] == 1.0, method
     assert results["methods"]["plain"]["overall"]["tau"] == pytest.approx(1.0)
 
