@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from .acceptance import greedy_accept
-from .candidates import MedusaCandidates, NoCandidates
+from .candidates import MedusaCandidates, NoCandidates, keeps_state
 from .kv_cache import cache_argument_name, keep_accepted_paths, prepare_cache_for_rollback
 from .tree import additive_mask
 
@@ -50,7 +50,7 @@ class BatchedTreeDecoder:
                 raise ValueError("no tree given and the heads folder holds none: pass tree=")
             heads.to(device=model.device, dtype=model.dtype).eval()
             candidates = MedusaCandidates(heads, tree, model.get_output_embeddings(), model.device)
-        stateful = candidates is not None and any(hasattr(candidates, name) for name in ("begin", "commit", "observe"))
+        stateful = candidates is not None and keeps_state(candidates)
         if stateful and (hasattr(candidates, "observe") or not hasattr(candidates, "spawn")):
             raise ValueError(f"{type(candidates).__name__} cannot give each row a copy of its own (spawn): batched "
                              "decoding takes plain, Medusa, prompt-lookup or EAGLE candidates and their combinations")
@@ -65,6 +65,7 @@ class BatchedTreeDecoder:
         self._cache_argument = cache_argument_name(model)
         self.base_forwards = 0
         self.row_forwards = 0  # Σ over forwards of the rows in them: τ = new tokens / row_forwards
+        self.forwards_by_row = []  # per prompt of the last generate: the base forwards it took part in
 
     def _forward(self, input_ids, position_ids, mask, cache):
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
@@ -93,11 +94,13 @@ class BatchedTreeDecoder:
         device, dtype = self.model.device, self.model.dtype
         eos = set(int(t) for t in eos_token_ids)
         self.base_forwards = self.row_forwards = 0
+        self.forwards_by_row = [0] * len(prompts)
         if max_new_tokens < 1 or not prompts:
             return [[] for _ in prompts]
         cache = DynamicCache(config=self.model.config)
         prepare_cache_for_rollback(cache)
         logits, hidden, valid = self._prefill(prompts, pad_token_id, cache)
+        self.forwards_by_row = [1] * len(prompts)
         lengths = torch.tensor([len(p) for p in prompts], device=device)
         contexts = [list(p) for p in prompts]
         outputs = [[] for _ in prompts]
@@ -144,6 +147,8 @@ class BatchedTreeDecoder:
                 tree[i, :n, :n] = buffers.attention_mask.bool()
             allowed = torch.cat([valid[:, None, :].expand(-1, width, -1), tree], dim=2)
             logits, states = self._forward(tokens, positions, additive_mask(allowed, dtype)[:, None], cache)
+            for row in rows:
+                self.forwards_by_row[row] += 1
 
             # Accept per row, move the accepted nodes to the front of the block, cut the block.
             accepted = []

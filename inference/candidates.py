@@ -115,11 +115,17 @@ def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
     return torch.tensor(ordered, device=proposals[0][0].device), merged.to(proposals[0][0].device)
 
 
+def keeps_state(source) -> bool:
+    """Whether a source keeps per-generation state (the hooks a decoder calls around steps): batched decoding
+    gives each row a copy of such a source (`spawn`)."""
+    return any(hasattr(source, name) for name in ("begin", "commit", "observe"))
+
+
 class _CombinedSources:
     """Shared by the ways of combining sources: per-generation hooks (`begin`) and a feature-level draft's
     `commit` are passed on, so an EAGLE draft keeps following the accepted tokens whichever source proposed
-    them. Sources with their own acceptance rule or verify feedback (sps, lookahead) are refused: a
-    combined tree is verified with the standard rules."""
+    them; `spawn` copies the combination for one batch row. Sources with their own acceptance rule or verify
+    feedback (sps, lookahead) are refused: a combined tree is verified with the standard rules."""
 
     def __init__(self, *sources):
         if len(sources) < 2:
@@ -133,6 +139,7 @@ class _CombinedSources:
         self._use_sources(sources)
 
     def _use_sources(self, sources) -> None:
+        """Also used by spawn: `commit` is the draft's bound method, so a copy must take its own draft's."""
         self.sources = tuple(sources)
         for source in self.sources:
             if hasattr(source, "commit"):  # the feature-level draft: its states and commits pass through
@@ -146,9 +153,10 @@ class _CombinedSources:
 
     def spawn(self):
         """A copy for one row of a batch: a feature-level draft inside gets a copy of its own (its own cache);
-        stateless sources (heads, prompt lookup) and the counters are shared."""
+        stateless sources (heads, prompt lookup) are shared, and so is FallbackCandidates.steps_by_source
+        (summed over the rows)."""
         for source in self.sources:
-            if hasattr(source, "begin") and not hasattr(source, "spawn"):
+            if keeps_state(source) and not hasattr(source, "spawn"):
                 raise ValueError(f"{type(source).__name__} keeps per-generation state but cannot give each row a "
                                  "copy of its own (spawn)")
         twin = copy.copy(self)
@@ -188,7 +196,7 @@ class FallbackCandidates(_CombinedSources):
 
     def __init__(self, *sources):
         super().__init__(*sources)
-        self.steps_by_source = [0] * len(sources)  # trees verified per source, cumulative over generations
+        self.steps_by_source = [0] * len(sources)  # trees verified per source, summed over generations and rows
 
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         for i, source in enumerate(self.sources):

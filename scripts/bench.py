@@ -393,7 +393,17 @@ def hf_generate_batch(model, tokenizer, prompts: list[list[int]], max_new_tokens
     return rows
 
 
-def run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts=None) -> dict:
+def command_line(argv) -> str:
+    return "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def lookup_settings(args) -> dict:
+    """How medusa_pld / eagle3_pld combined the lookup with the heads (scripts/results.py describes runs by it)."""
+    return {"pld_combine": args.pld_combine, "pld_heads_tree": args.pld_heads_tree,
+            "pld_trusted": [args.pld_trusted_ngram, args.pld_trusted_tokens] if args.pld_combine == "by-match" else None}
+
+
+def run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts=None, argv=None) -> dict:
     """Throughput of decoding the first turns B at a time, every method on the same batches."""
     unknown = [m for m in methods if m not in BATCHED_METHODS]
     if unknown or args.temperature != 0:
@@ -408,8 +418,9 @@ def run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts=
             raise SystemExit("--batch-size: one plain heads folder (a Medusa-2 folder: use its merged export)")
         head_set = next(iter(heads.values()))[1]
         decoders["medusa"] = medusa = BatchedTreeDecoder(model, head_set, tree)
-        decoders["medusa_pld"] = BatchedTreeDecoder(model, candidates=with_lookup(
-            medusa.candidates, args, model.device, lookup_heads_of(args, head_set, model)))
+        if "medusa_pld" in methods:
+            decoders["medusa_pld"] = BatchedTreeDecoder(model, candidates=with_lookup(
+                medusa.candidates, args, model.device, lookup_heads_of(args, head_set, model)))
     eagle_tree = eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens, args.eagle_min_prob)
     for method, draft in (eagle_drafts or {}).items():
         source = eagle_candidates(draft, model, eagle_tree)
@@ -441,9 +452,9 @@ def run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts=
             t["row_forwards"] += row_forwards or 0
             t["rows"].extend(rows)
     base = totals["baseline"]
-    results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:]), "model": args.model, "heads": args.heads,
+    results = {"command": command_line(argv), "model": args.model, "heads": args.heads,
                "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "cpu_verify": cpu_verify_settings(model),
-               "temperature": 0.0, "max_new_tokens": args.max_new_tokens,
+               "temperature": 0.0, "max_new_tokens": args.max_new_tokens, **lookup_settings(args),
                "batch_size": args.batch_size, "questions": len(prompts), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {}}
     lines = [f"Model {args.model} ({model.dtype}), batch {args.batch_size}, greedy, max {args.max_new_tokens} new tokens, "
@@ -495,7 +506,7 @@ def main(argv=None):
     prepare_cpu_verify(model, *(m for pair in heads.values() for m in pair), *eagle_drafts.values(),
                        enabled=not args.untuned_cpu)
     if args.batch_size:
-        return run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts)
+        return run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts, argv)
     runner = Runner(args, model, tokenizer, heads, eagle_drafts)
 
     for method in methods:  # warm-up: first calls allocate and tune kernels
@@ -506,10 +517,10 @@ def main(argv=None):
             records[method].append(runner.run_question(method, question))
 
     greedy = args.temperature == 0
-    results = {"command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
-               "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype), "cpu_verify": cpu_verify_settings(model), "temperature": args.temperature,
-               "max_new_tokens": args.max_new_tokens, "pld_combine": args.pld_combine, "pld_heads_tree": args.pld_heads_tree,
-               "pld_trusted": [args.pld_trusted_ngram, args.pld_trusted_tokens] if args.pld_combine == "by-match" else None,
+    results = {"command": command_line(argv),
+               "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads, "dtype": str(model.dtype),
+               "cpu_verify": cpu_verify_settings(model), "temperature": args.temperature,
+               "max_new_tokens": args.max_new_tokens, **lookup_settings(args),
                "questions": len(questions), "machine": machine(),
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {},
                "accepted_length_histogram": {}}

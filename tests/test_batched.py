@@ -61,11 +61,12 @@ def assert_rows_decode_as_alone(decoder, alone, prompts, max_new_tokens, eos=2):
     whatever the draft proposes). -> the rows."""
     rows = decoder.generate(prompts, max_new_tokens, eos_token_ids=[eos])
     assert rows == hf_batched_greedy(decoder.model, prompts, max_new_tokens, eos=eos)
-    single_forwards = 0
+    single_forwards = []
     for prompt, row in zip(prompts, rows):
         assert alone.generate_ids(torch.tensor([prompt]), max_new_tokens, eos_token_ids=[eos]) == row
-        single_forwards += alone.stats.base_forwards
-    assert decoder.row_forwards == single_forwards
+        single_forwards.append(alone.stats.base_forwards)
+    assert decoder.forwards_by_row == single_forwards
+    assert decoder.row_forwards == sum(single_forwards)
     return rows
 
 
@@ -74,15 +75,16 @@ def test_batched_medusa_with_prompt_lookup_decodes_each_row_as_alone_fp64():
     from specheads.inference.decoder import TreeDecoder
 
     model = tiny_model("llama")
-    heads = fitted_heads(model)
-    combined = lookup_with_heads(MedusaCandidates(heads, TREE, model.get_output_embeddings()), max_ngram=2)
+    medusa = MedusaCandidates(fitted_heads(model), TREE, model.get_output_embeddings())
+    combined = lookup_with_heads(medusa, max_ngram=2)
     decoder = BatchedTreeDecoder(model, candidates=combined)
-    alone = TreeDecoder(model, candidates=combined)
+    alone = TreeDecoder(model, candidates=lookup_with_heads(medusa, max_ngram=2))
     prompts = prompts_of([5, 11, 7, 9], 500)
     prompts[2] = prompts[2] * 3  # something to look up
     assert_rows_decode_as_alone(decoder, alone, prompts, 40)
-    trusted_lookups, heads_trees = combined.steps_by_source
+    trusted_lookups, heads_trees = combined.steps_by_source  # the rows' copies count into the source handed in
     assert trusted_lookups > 0 and heads_trees > 0, "both the lookup chain and the heads' tree must be verified"
+    assert combined.steps_by_source == alone.candidates.steps_by_source
 
 
 @pytest.mark.parametrize("arch,variant,lookup", [("llama", "eagle3", False), ("qwen2", "eagle1", False),
@@ -121,8 +123,9 @@ def test_batched_eagle_equals_hf_batched_greedy_fp64(arch, variant, lookup):
     assert new > 1.5 * forwards, "drafted tokens must be accepted, not only bonus tokens"
     # the source handed in stays unused: every row decoded with a copy of its own
     assert eagle.committed == 0 and eagle.last_output is None
-    if lookup:
-        assert alone.candidates.steps_by_source[0] > 0, "the trusted lookup chain must be verified on some steps"
+    if lookup:  # both the trusted lookup chain and the draft's tree (alone or merged) were verified
+        assert min(decoder.candidates.steps_by_source) > 0
+        assert decoder.candidates.steps_by_source == alone.candidates.steps_by_source
 
 
 def test_batched_refuses_sources_it_cannot_copy_per_row():

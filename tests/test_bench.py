@@ -107,11 +107,11 @@ def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
         for i, turn in enumerate(["Count to five.", "Say yes yes yes."]):
             f.write(json.dumps({"question_id": f"b{i}", "category": "qa", "turns": [turn]}) + "\n")
     results = bench.main(["--model", str(tiny_llama_dir), "--eagle-heads", ",".join(folders), "--questions",
-                          str(questions), "--methods", "baseline,eagle2,eagle3", "--batch-size", "2",
+                          str(questions), "--methods", "baseline,eagle2,eagle3,eagle3_pld", "--batch-size", "2",
                           "--max-new-tokens", "10", "--eagle-tokens", "6", "--dtype", "fp64",
                           "--out", str(tmp_path / "batched")])
-    assert results["questions"] == 3
-    for method in ("eagle2", "eagle3"):
+    assert results["questions"] == 3 and results["pld_combine"] == "by-match"
+    for method in ("eagle2", "eagle3", "eagle3_pld"):
         assert results["methods"][method]["overall"]["greedy_match"] == 1.0, method
 
 
