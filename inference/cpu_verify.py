@@ -14,8 +14,11 @@ A verify step feeds the base a handful of tokens (the tree's nodes). Measured on
    **Bf16** weights take the same road through oneDNN: F.linear reorders a bf16 weight into oneDNN's blocked
    layout on every call; `torch.ops.mkldnn._reorder_linear_weight` does it once (torch.compile's weight
    freezing uses the same pair). Measured on a 2-core AMD EPYC (AVX-512 bf16): a 1536x576 layer 53 -> 28 us
-   for one row and 66 -> 43 us for ten, SmolLM2's 49152x576 lm_head 2.9 -> 1.6 ms; the outputs were bit for
-   bit F.linear's (checked in tests), so here every row count, one included, runs packed.
+   for one row and 66 -> 43 us for ten, SmolLM2's 49152x576 lm_head 2.9 -> 1.6 ms, so every row count, one
+   included, runs packed. There the outputs were bit for bit F.linear's; on a 2-core Xeon with AMX, bias-free
+   layers fed more than 32 rows differ from F.linear in the last bf16 bit now and then (another oneDNN kernel),
+   so a tuned model's prefill and tree forwards may round differently from an untuned one, as between any two
+   bf16 kernels. One row is exact on both (tested), and methods are compared on the same tuned model.
 2. **Grouped-query attention.** With an attention mask and more than one query, transformers' SDPA path copies
    the whole KV cache once per query-head group (`repeat_kv`) in every layer (~10 ms of an 8-token SmolLM2
    step); `TRANSFORMERS_SDPA_FORCE_GQA=1` lets PyTorch's CPU kernel read the shared heads instead (same

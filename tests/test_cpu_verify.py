@@ -56,30 +56,45 @@ def test_packed_linear_follows_weights_changed_after_packing():
 
 @needs_onednn_bf16
 @pytest.mark.parametrize("bias", [True, False])
-def test_bf16_packed_linear_is_f_linear_bit_for_bit(bias):
-    """oneDNN's reordered bf16 weight gives exactly F.linear's numbers, one row included, so a bf16 model decodes
-    the same tokens packed or not; weights edited or replaced after packing are followed."""
+def test_bf16_packed_linear_matches_f_linear(bias):
+    """One row (plain decoding's shape) gives exactly F.linear's numbers; more rows agree to bf16 rounding (bit
+    for bit on the AMD EPYC measured, but an AMX Xeon's oneDNN rounds some multi-row products differently).
+    Weights edited or replaced after packing are followed."""
     plain, packed = packed_pair(bias=bias, dtype=torch.bfloat16)
     with torch.inference_mode():
-        for shape in [(1, 48), (1, 1, 48), (2, 48), (7, 48), (10, 48), (33, 48), (300, 48), (2, 5, 48)]:
+        for shape in [(1, 48), (1, 1, 48)]:
             x = torch.randn(shape).to(torch.bfloat16)
             assert torch.equal(packed(x), F.linear(x, plain.weight, plain.bias)), shape
+        for shape in [(2, 48), (7, 48), (10, 48), (33, 48), (300, 48), (2, 5, 48)]:
+            x = torch.randn(shape).to(torch.bfloat16)
+            torch.testing.assert_close(packed(x), F.linear(x, plain.weight, plain.bias), msg=str(shape))
     x = torch.randn(4, 48).to(torch.bfloat16)
     with torch.no_grad():
         packed.weight.mul_(-2.0)
-        assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias))
+        torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias))
         packed.weight = nn.Parameter(torch.randn(80, 48).to(torch.bfloat16))
-        assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias))
+        torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias))
 
 
 @needs_onednn_bf16
 def test_bf16_model_gives_the_same_logits_packed():
+    """Token by token (plain decoding) the packed model's logits are the unpacked model's exactly; a whole
+    prompt at once agrees to bf16 rounding."""
     model = tiny_model("llama", dtype=torch.bfloat16)
     prompt = torch.arange(3, 20)[None]
     with torch.no_grad():
-        before = model(prompt).logits
+        def token_by_token():
+            cache, logits = None, []
+            for position in range(prompt.shape[1]):
+                out = model(prompt[:, position:position + 1], past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                logits.append(out.logits)
+            return torch.cat(logits, dim=1)
+
+        stepwise, whole = token_by_token(), model(prompt).logits
         assert pack_linears(model) == sum(type(m) is nn.Linear for m in tiny_model("llama").modules())
-        assert torch.equal(model(prompt).logits, before)
+        assert torch.equal(token_by_token(), stepwise)
+        torch.testing.assert_close(model(prompt).logits, whole, rtol=0.02, atol=0.02)
 
 
 @needs_mkl
