@@ -159,8 +159,9 @@ distill: setup
 	$(BIN)/python scripts/self_distill.py --out $(DISTILLED) --split train --limit 1200 --batch-size 48 \
 		--max-new-tokens 192 --max-prompt-tokens 384
 
+# One pytest worker per core (at most 4), each test file on one worker with one thread (tests/conftest.py).
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 # Tests that load the 1.5B model or train for minutes.
 test-slow: setup setup-qwen

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: one thread each, children too
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

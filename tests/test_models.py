@@ -1,5 +1,7 @@
 """Model resolution: ids and paths pass through; the built-in GGUF converts once, atomically."""
 
+import json
+
 import pytest
 
 from specheads.data import models
@@ -21,8 +23,26 @@ def test_builtin_model_is_converted_once_and_reused():
     assert models.resolve_model("smollm2-135m-instruct") == first
 
 
-def test_interrupted_conversion_leaves_no_usable_cache(tmp_path, monkeypatch):
+def tiny_stands_in_for_the_gguf(monkeypatch, tiny_llama_dir):
+    """Conversion loads the tiny model instead of de-quantising the real GGUF (~30 s a time): what these tests
+    check is the cache folder's life, and test_builtin_model_is_converted_once_and_reused converts the real one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    load_model, load_tokenizer = AutoModelForCausalLM.from_pretrained, AutoTokenizer.from_pretrained
+
+    def without_gguf(load):
+        def loader(folder, gguf_file, **kwargs):
+            assert (models.Path(folder) / gguf_file).is_file()
+            return load(str(tiny_llama_dir), **kwargs)
+        return loader
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", without_gguf(load_model))
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", without_gguf(load_tokenizer))
+
+
+def test_interrupted_conversion_leaves_no_usable_cache(tmp_path, monkeypatch, tiny_llama_dir):
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path))
+    tiny_stands_in_for_the_gguf(monkeypatch, tiny_llama_dir)
     from transformers import PreTrainedTokenizerBase
 
     def crash(*args, **kwargs):
@@ -37,12 +57,14 @@ def test_interrupted_conversion_leaves_no_usable_cache(tmp_path, monkeypatch):
     # A folder without the completion marker (e.g. from a hard kill) is rebuilt, not trusted.
     monkeypatch.undo()
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path))
+    tiny_stands_in_for_the_gguf(monkeypatch, tiny_llama_dir)
     sources = models._source_files(models.BUILTIN_MODELS["smollm2-135m-instruct"], "smollm2-135m-instruct")
     stale = tmp_path / "models" / f"smollm2-135m-instruct-{models._cache_key(sources)}"
     stale.mkdir(parents=True)
     (stale / "config.json").write_text("{}")
     path = models.resolve_model("smollm2-135m-instruct")
     assert path == str(stale) and (stale / "model.safetensors").is_file()
+    assert json.loads((stale / "config.json").read_text())["hidden_size"] == 32  # rebuilt by the conversion
 
 
 def test_missing_builtin_wheel_says_how_to_install(monkeypatch):
