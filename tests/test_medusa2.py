@@ -122,9 +122,10 @@ def test_two_stage_recipe_with_self_distillation_kl(medusa2_config, tmp_path):
     assert stage1.returncode == 0
     run_training(medusa2_config, "joint.base_loss=distill_kl", f"joint.init_heads={tmp_path / 'stage1' / 'heads'}",
                  "train.max_steps=2", "train.output_dir=" + str(tmp_path / "stage2"))
-    # LoRA B starts at zero, so the adapted base is the teacher itself at the first update: KL = 0
+    # LoRA B starts at zero, so the adapted base is the teacher itself at the first update: KL = 0; later a KL
+    # (>= 0) up to float rounding (one thread per test worker once gave -2.6e-10 right after that update)
     kl = scalars(tmp_path / "stage2", "train/loss_base")
-    assert abs(kl[0]) < 1e-5 and kl[-1] >= 0
+    assert abs(kl[0]) < 1e-5 and kl[-1] >= -1e-6
     # the heads started from stage 1: their first losses are stage 1's final heads' losses, not a fresh start's
     fresh = run_training(medusa2_config, "joint.base_loss=distill_kl", "train.max_steps=2",
                          "train.output_dir=" + str(tmp_path / "fresh"))
