@@ -64,14 +64,20 @@ class BatchedTreeDecoder:
         self._features = []
         self._cache_argument = cache_argument_name(model)
         self.base_forwards = 0
-        self.row_forwards = 0  # Σ over forwards of the rows in them: τ = new tokens / row_forwards
         self.forwards_by_row = []  # per prompt of the last generate: the base forwards it took part in
 
-    def _forward(self, input_ids, position_ids, mask, cache):
+    @property
+    def row_forwards(self) -> int:
+        """Σ over forwards of the rows in them: τ = new tokens / row_forwards."""
+        return sum(self.forwards_by_row)
+
+    def _forward(self, rows, input_ids, position_ids, mask, cache):
+        """One base forward of `rows` (their indices among the prompts, one input row each)."""
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
                          output_hidden_states=True, **{self._cache_argument: cache})
         self.base_forwards += 1
-        self.row_forwards += input_ids.shape[0]
+        for row in rows:
+            self.forwards_by_row[row] += 1
         # Feature-level drafts read these layers' states at each row's accepted positions.
         self._features = [out.hidden_states[layer] for layer in self.feature_layers]
         return out.logits, out.hidden_states[-1]
@@ -85,7 +91,8 @@ class BatchedTreeDecoder:
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
         allowed = causal[None] & valid[:, None, :]
         allowed |= torch.eye(width, dtype=torch.bool, device=device)[None]  # padding queries see themselves only
-        logits, hidden = self._forward(ids, positions, additive_mask(allowed, dtype)[:, None], cache)
+        logits, hidden = self._forward(range(len(prompts)), ids, positions, additive_mask(allowed, dtype)[:, None],
+                                       cache)
         return logits[:, -1], hidden[:, -1], valid
 
     @torch.inference_mode()
@@ -93,14 +100,13 @@ class BatchedTreeDecoder:
         """New token ids per prompt (greedy), each stopped at its first EOS or at max_new_tokens."""
         device, dtype = self.model.device, self.model.dtype
         eos = set(int(t) for t in eos_token_ids)
-        self.base_forwards = self.row_forwards = 0
+        self.base_forwards = 0
         self.forwards_by_row = [0] * len(prompts)
         if max_new_tokens < 1 or not prompts:
             return [[] for _ in prompts]
         cache = DynamicCache(config=self.model.config)
         prepare_cache_for_rollback(cache)
         logits, hidden, valid = self._prefill(prompts, pad_token_id, cache)
-        self.forwards_by_row = [1] * len(prompts)
         lengths = torch.tensor([len(p) for p in prompts], device=device)
         contexts = [list(p) for p in prompts]
         outputs = [[] for _ in prompts]
@@ -146,9 +152,7 @@ class BatchedTreeDecoder:
                 positions[i, :n] += buffers.depths
                 tree[i, :n, :n] = buffers.attention_mask.bool()
             allowed = torch.cat([valid[:, None, :].expand(-1, width, -1), tree], dim=2)
-            logits, states = self._forward(tokens, positions, additive_mask(allowed, dtype)[:, None], cache)
-            for row in rows:
-                self.forwards_by_row[row] += 1
+            logits, states = self._forward(rows, tokens, positions, additive_mask(allowed, dtype)[:, None], cache)
 
             # Accept per row, move the accepted nodes to the front of the block, cut the block.
             accepted = []
