@@ -9,6 +9,7 @@ formats' names and configs, both directions, are in `eagle_export.py` (back to E
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -49,7 +50,10 @@ def vllm_medusa_names(config: MedusaConfig) -> dict[str, str]:
 
 
 def vllm_medusa_config(config: MedusaConfig) -> dict:
-    """vLLM's config.json for these heads: shared-lm_head heads ship the base lm_head as lm_heads.0."""
+    """vLLM's config.json for these heads: shared-lm_head heads ship the base lm_head as lm_heads.0.
+
+    Always the full vocabulary: vLLM (<= 0.32, the last with Medusa) refuses a folder that carries its
+    `token_map` ("weights were not initialized from checkpoint: {'token_map'}"), see vllm_medusa_tensors."""
     return {
         "model_type": "medusa",
         "architectures": ["MedusaModel"],
@@ -57,14 +61,29 @@ def vllm_medusa_config(config: MedusaConfig) -> dict:
         "vocab_size": config.vocab_size,
         "num_heads": config.num_heads,
         "num_hidden_layers": config.num_layers,
-        "truncated_vocab_size": config.projected_vocab_size,  # < vocab_size: a draft vocabulary (token_map)
+        "truncated_vocab_size": config.vocab_size,
         "medusa_fc_bias": True,
         "original_lm_head": not config.own_lm_head,
+        "base_model_name_or_path": config.base_model_name_or_path,
     }
 
 
 def vllm_medusa_tensors(heads: MedusaHeads, base_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """The tensors of vLLM's Medusa draft model; `base_lm_head` [V, H] is needed for shared-lm_head heads."""
+    """The tensors of vLLM's Medusa draft model; `base_lm_head` [V, H] is needed for shared-lm_head heads.
+
+    vLLM cannot load a draft vocabulary: its Medusa model never reports `token_map` as loaded, so the loader
+    refuses the folder. Heads that share the base lm_head therefore go out ranking the whole vocabulary (their
+    blocks are unchanged; a warning says so, and vLLM may then propose tokens the heads never ranked); heads
+    with their own lm_heads over a draft vocabulary hold no rows for the other tokens and are refused."""
+    if heads.config.draft_vocab_size:
+        if heads.config.own_lm_head:
+            raise ValueError(
+                f"these heads have their own lm_heads over a draft vocabulary of {heads.config.draft_vocab_size} "
+                f"tokens; vLLM's Medusa cannot load a draft vocabulary (token_map) and needs rows for all "
+                f"{heads.config.vocab_size} tokens: train them without heads.draft_vocab_size to serve them in vLLM")
+        warnings.warn(f"vLLM's Medusa cannot load a draft vocabulary (token_map): the export ranks all "
+                      f"{heads.config.vocab_size} tokens, not the heads' {heads.config.draft_vocab_size}; "
+                      f"compare acceptance with scripts/serve_vllm.py", stacklevel=2)
     own = heads.state_dict()
     tensors = {theirs: own[ours] for ours, theirs in vllm_medusa_names(heads.config).items()}
     if not heads.config.own_lm_head:
@@ -76,9 +95,7 @@ def vllm_medusa_tensors(heads: MedusaHeads, base_lm_head: torch.Tensor | None = 
             raise ValueError(f"base lm_head weight has shape {tuple(base_lm_head.shape)}, the heads need "
                              f"{expected} (vocab_size, hidden_size): wrong base model?")
         dtype = next((p.dtype for p in heads.parameters()), base_lm_head.dtype)  # the heads' dtype (not draft_ids')
-        tensors["lm_heads.0.weight"] = base_lm_head.to(dtype)  # vLLM keeps the token_map rows of it
-    if heads.config.draft_vocab_size:
-        tensors["token_map"] = own["draft_ids"]  # draft index -> token id, as vLLM's truncated vocabulary
+        tensors["lm_heads.0.weight"] = base_lm_head.to(dtype)
     # save_file refuses tensors that share memory (a tied lm_head) or are views: give each its own copy.
     return {name: tensor.detach().cpu().contiguous().clone() for name, tensor in tensors.items()}
 

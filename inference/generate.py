@@ -17,6 +17,7 @@ import torch
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import EagleDraft, MedusaHeads
 from specheads.heads.eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
+from specheads.heads.eagle_export import detect_format, load_eagle_export
 from specheads.heads.joint import load_adapted_base
 
 from .candidates import PromptLookupCandidates, lookup_with_heads
@@ -26,14 +27,16 @@ from .cpu_verify import prepare_cpu_verify
 
 
 def load_draft_heads(directory, base_model):
-    """Medusa heads or an EAGLE draft, whichever the folder's config.json says it holds."""
+    """Medusa heads or an EAGLE draft (ours, or exported for an engine), whichever the folder's config.json says it holds."""
     config_path = Path(directory) / "config.json"
     try:
-        model_type = json.loads(config_path.read_text()).get("model_type")
+        raw = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read draft heads config {config_path}: {err}") from err
-    if model_type == EAGLE_MODEL_TYPE:
+    if raw.get("model_type") == EAGLE_MODEL_TYPE:
         return EagleDraft.from_pretrained(directory, base_model=base_model)
+    if detect_format(raw):  # an EAGLE draft exported for vLLM / SGLang
+        return load_eagle_export(directory)
     return MedusaHeads.from_pretrained(directory, base_model=base_model)
 
 

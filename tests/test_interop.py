@@ -72,7 +72,7 @@ def test_vllm_medusa_export_names_shapes_config_and_round_trip(tmp_path, own, ba
     assert json.loads((out / "config.json").read_text()) == {
         "model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": H, "vocab_size": V,
         "num_heads": K, "num_hidden_layers": L, "truncated_vocab_size": V, "medusa_fc_bias": True,
-        "original_lm_head": not own}
+        "original_lm_head": not own, "base_model_name_or_path": "tiny-base"}
     tensors = load_file(out / "model.safetensors")
     expected = {f"blocks.{i}.layers.{j}.{kind}": (H, H) if kind == "weight" else (H,)
                 for i in range(K) for j in range(L) for kind in ("weight", "bias")}
@@ -90,7 +90,9 @@ def test_vllm_medusa_export_names_shapes_config_and_round_trip(tmp_path, own, ba
 
 
 @pytest.mark.parametrize("own", [False, True])
-def test_vllm_medusa_export_of_a_draft_vocabulary_is_its_token_map(tmp_path, own, base_lm_head):
+def test_vllm_medusa_export_of_a_draft_vocabulary(tmp_path, own, base_lm_head):
+    """vLLM refuses a folder carrying token_map (it never reports it loaded): shared-lm_head heads go out at the
+    full vocabulary with a warning, heads with own lm_heads over a draft vocabulary are refused."""
     torch.manual_seed(0)
     heads = MedusaHeads(MedusaConfig(num_heads=K, num_layers=1, hidden_size=H, vocab_size=V, own_lm_head=own,
                                      draft_vocab_size=20))
@@ -99,18 +101,23 @@ def test_vllm_medusa_export_of_a_draft_vocabulary_is_its_token_map(tmp_path, own
             p.normal_(0, 0.2)
     heads.set_draft_vocabulary(torch.randperm(V)[:20])
     heads.save_pretrained(tmp_path / "heads")
-    out = export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
-    assert json.loads((out / "config.json").read_text())["truncated_vocab_size"] == 20
+    if own:
+        with pytest.raises(ValueError, match="own lm_heads over a draft vocabulary of 20 tokens.*token_map"):
+            export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
+        assert not (tmp_path / "vllm").exists()
+        return
+    with pytest.warns(UserWarning, match="ranks all 100 tokens, not the heads' 20"):
+        out = export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
+    assert json.loads((out / "config.json").read_text())["truncated_vocab_size"] == V
     tensors = load_file(out / "model.safetensors")
-    assert tensors["token_map"].tolist() == heads.draft_ids.tolist()
-    # vLLM keeps lm_head rows token_map of a full-vocabulary lm_head; the heads' own lm_heads have 20 rows
-    assert tuple(tensors["lm_heads.0.weight"].shape) == ((20, H) if own else (V, H))
-    torch.testing.assert_close(tensors["lm_heads.0.weight"], heads.lm_heads[0].weight if own else base_lm_head.weight)
+    assert "token_map" not in tensors and tuple(tensors["lm_heads.0.weight"].shape) == (V, H)
+    torch.testing.assert_close(tensors["lm_heads.0.weight"], base_lm_head.weight)
     back = MedusaHeads.from_pretrained(out)
-    assert back.config.draft_vocab_size == 20 and back.draft_ids.tolist() == heads.draft_ids.tolist()
+    assert back.config.draft_vocab_size == 0
     h = torch.randn(2, H)
-    with torch.no_grad():
-        torch.testing.assert_close(back(h, base_lm_head), heads(h, base_lm_head), rtol=0, atol=0)
+    with torch.no_grad():  # the same blocks, ranked over the whole vocabulary
+        torch.testing.assert_close(back(h, base_lm_head), base_lm_head(torch.stack([b(h) for b in heads.blocks])),
+                                   rtol=0, atol=0)
 
 
 def test_vllm_medusa_export_takes_lm_head_from_the_base_model(tmp_path):
