@@ -51,7 +51,10 @@ class EagleConfig:
     draft_vocab_size: int = 0  # eagle3: size of the reduced vocabulary (0 = the full vocabulary)
     aux_layer_ids: list[int] = field(default_factory=list)  # eagle3: indices into the base's hidden_states
     base_model_name_or_path: str = ""
-    layer_config: dict = field(default_factory=dict)  # the base config (as a dict) the draft layer is built from
+    layer_config: dict = field(default_factory=dict)  # the config (as a dict) the draft layer is built from
+    # eagle1: EAGLE's original fc has a bias, vLLM's has none (it drops a shipped fc.bias). New drafts are built
+    # without (for_base); drafts saved before this field existed keep theirs.
+    fc_bias: bool = True
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -71,8 +74,15 @@ class EagleConfig:
 
     @classmethod
     def for_base(cls, base_config, name_or_path: str, variant: str = "eagle1", draft_vocab_size: int = 0,
-                 aux_layer_ids: list[int] | None = None) -> "EagleConfig":
-        layer_config = base_config.to_dict()
+                 aux_layer_ids: list[int] | None = None, layer: str | None = None,
+                 fc_bias: bool = False) -> "EagleConfig":
+        """A new draft's config for this base. layer: "llama" (a Llama decoder layer of the base's sizes, no
+        attention bias: the layer every engine's EAGLE-3 loads, whatever the base; EAGLE-3's default) or "base"
+        (the base architecture's own layer, e.g. Qwen2's with q/k/v biases; EAGLE-1's default)."""
+        layer = layer or ("llama" if variant == "eagle3" else "base")
+        if layer not in LAYER_STYLES:
+            raise ValueError(f"the draft layer must be one of {LAYER_STYLES}, got {layer!r}")
+        layer_config = llama_layer_config(base_config) if layer == "llama" else base_config.to_dict()
         layer_config["num_hidden_layers"] = 1
         if layer_config.get("layer_types"):  # per-layer attention kinds (Qwen2, Gemma...): keep the first
             layer_config["layer_types"] = layer_config["layer_types"][:1]
@@ -84,7 +94,8 @@ class EagleConfig:
         return cls(variant=variant, hidden_size=base_config.hidden_size, vocab_size=base_config.vocab_size,
                    draft_vocab_size=draft_vocab_size if variant == "eagle3" else 0,
                    aux_layer_ids=list(aux_layer_ids or []) if variant == "eagle3" else [],
-                   base_model_name_or_path=name_or_path, layer_config=layer_config)
+                   base_model_name_or_path=name_or_path, layer_config=layer_config,
+                   fc_bias=fc_bias if variant == "eagle1" else False)
 
     @property
     def feature_layers(self) -> list[int]:
@@ -98,6 +109,29 @@ class EagleConfig:
         # Eager attention takes an additive float mask of any dtype (the tree and unrolled-step masks).
         config._attn_implementation = "eager"
         return config
+
+
+LAYER_STYLES = ("llama", "base")
+# What a Llama layer takes from any base config (the rest: Llama's defaults, no attention or MLP bias).
+LLAMA_LAYER_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
+                    "rope_theta", "rope_scaling", "bos_token_id", "eos_token_id", "pad_token_id", "dtype",
+                    "torch_dtype")
+
+
+def llama_layer_config(base_config) -> dict:
+    """A Llama config (as a dict) with the base's sizes, rope and norm: the draft layer vLLM's and SGLang's
+    EAGLE-3 load for any target. A Qwen2 base's q/k/v biases are not carried over. `architectures` keeps the
+    base's (the verifier an export names)."""
+    from transformers import LlamaConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    values = base_config.to_dict()
+    kept = {key: values[key] for key in LLAMA_LAYER_KEYS if values.get(key) is not None}
+    kept.setdefault("head_dim", base_config.hidden_size // base_config.num_attention_heads)
+    architectures = values.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(values["model_type"])]
+    return LlamaConfig(**kept, attention_bias=False, mlp_bias=False, num_hidden_layers=1, tie_word_embeddings=False,
+                       architectures=[a for a in architectures if a]).to_dict()
 
 
 def _layer_parts(config):
@@ -123,7 +157,7 @@ class EagleDraft(nn.Module):
         self._attn_cache_argument = (
             "cache" if "cache" in inspect.signature(layer.self_attn.forward).parameters else "past_key_values")
         if config.variant == "eagle1":
-            self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+            self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
             layer.input_layernorm = nn.Identity()  # EAGLE-1: the fused input is not normalised again
         else:
             self.fc = nn.Linear(3 * hidden, hidden, bias=False)

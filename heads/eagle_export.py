@@ -1,13 +1,17 @@
 """EAGLE drafts in the layouts vLLM and SGLang load (shared/REFERENCE.md §6), and back.
 
 - `vllm-eagle` / `sglang-eagle` (EAGLE-1): a Llama-style config.json with num_hidden_layers=1
-  (architectures LlamaForCausalLM / LlamaForCausalLMEagle, "bias": true for fc) and model.safetensors with
-  fc.*, layers.0.self_attn.*, layers.0.mlp.*, layers.0.post_attention_layernorm.weight; no embed/lm_head.
+  (architectures LlamaForCausalLM / LlamaForCausalLMEagle; SGLang's "bias" says whether fc has one, vLLM's fc
+  never has and vLLM would read "bias" as an o_proj bias) and model.safetensors with fc.*, layers.0.self_attn.*,
+  layers.0.mlp.*, layers.0.post_attention_layernorm.weight; no embed/lm_head. A non-zero fc.bias is refused
+  for vLLM (it would be dropped silently).
 - `sglang-eagle3` (EAGLE-3): Llama-style config with architectures LlamaForCausalLMEagle3, draft_vocab_size
   and eagle_config.eagle_aux_hidden_state_layer_ids; weights midlayer.*, fc.weight, norm.weight,
   lm_head.weight [draft_vocab, H], d2t (int64 offsets) and t2d (bool).
 - `vllm-eagle3`: the vLLM "speculators" layout: speculators_model_type "eagle3", speculators_config
-  (greedy proposals, verifier), transformer_layer_config, and the same tensors as sglang-eagle3.
+  (greedy proposals, verifier), transformer_layer_config, and the same tensors as sglang-eagle3. vLLM builds
+  Llama-style layers only: a draft whose layer is another architecture's (a Qwen2 layer with q/k/v biases,
+  trained before eagle.layer defaulted to llama) is refused.
 
 Attention biases are spelled out in every Llama-style config: `attention_bias` (q/k/v/o, as Llama) and
 `qkv_bias` (q/k/v only, as Qwen2). Every export also carries a `specheads` entry (variant, base model,
@@ -65,12 +69,30 @@ def _exported_name(name: str, renames: dict[str, str], variant: str) -> str:
     return name
 
 
-def export_tensors(draft: EagleDraft) -> dict[str, torch.Tensor]:
-    """The draft's tensors under the exported names, each a contiguous CPU copy."""
+def _check_engine_layer(format: str, draft: EagleDraft, source) -> None:
+    """Refuse what an engine would load wrongly without a word (REFERENCE §6)."""
+    if format == "vllm-eagle" and draft.fc.bias is not None and draft.fc.bias.any():
+        raise ValueError(f"{source}: tensor fc.bias is not zero, and vLLM's EAGLE-1 fc has no bias (it drops a "
+                         f"shipped fc.bias silently, so the served draft would differ); export it as sglang-eagle, "
+                         f"or train an EAGLE-1 draft without it (eagle.fc_bias: false, the default)")
+    aux = draft.config.aux_layer_ids
+    if format == "vllm-eagle3" and len(set(aux)) != len(aux):
+        raise ValueError(f"{source}: eagle_aux_hidden_state_layer_ids {aux} name a layer twice; vLLM collects each "
+                         f"layer once and would feed fc fewer than 3 states (a shape error at the first step)")
+    model_type = draft.config.layer_config.get("model_type")
+    if format == "vllm-eagle3" and model_type != "llama":
+        raise ValueError(f"{source}: the draft layer is {model_type!r}-style; vLLM's EAGLE-3 loads Llama-style layers "
+                         f"only ('Unsupported model_type {model_type} for Eagle3 speculator'). Train the draft with "
+                         f"eagle.layer: llama (the default for EAGLE-3 drafts), whatever the base")
+
+
+def export_tensors(draft: EagleDraft, format: str | None = None) -> dict[str, torch.Tensor]:
+    """The draft's tensors under the exported names, each a contiguous CPU copy (vllm-eagle: a zero fc.bias,
+    which vLLM has no place for, is left out)."""
     renames = _renames(draft.config)
     tensors = {}
     for name, tensor in draft.state_dict().items():
-        if name.startswith("rotary_emb."):
+        if name.startswith("rotary_emb.") or (format == "vllm-eagle" and name == "fc.bias"):
             continue
         if name.startswith("layers.0.") and not LAYER_TENSOR.fullmatch(name.removeprefix("layers.0.")):
             raise ValueError(f"the draft layer (model_type {draft.config.layer_config.get('model_type')!r}) holds "
@@ -87,8 +109,8 @@ def _bias_flags(draft: EagleDraft) -> dict:
 
 
 def _dtype_name(draft: EagleDraft) -> str:
-    layer_dtype = draft.config.layer_config.get("torch_dtype") or draft.config.layer_config.get("dtype")
-    return str(layer_dtype or draft.fc.weight.dtype).removeprefix("torch.")
+    """The dtype the exported tensors have (not the one the base was trained in)."""
+    return str(draft.fc.weight.dtype).removeprefix("torch.")
 
 
 def layer_dict(draft: EagleDraft) -> dict:
@@ -144,9 +166,9 @@ def export_config(format: str, draft: EagleDraft, model: str | None = None) -> d
             "specheads": _specheads_entry(draft),
         }
     llama = {**layer_dict(draft), "model_type": "llama", "architectures": LLAMA_ARCHITECTURES[format]}
-    if config.variant == "eagle1":
-        llama["bias"] = True  # fc: 2H -> H has a bias
-    else:
+    if format == "sglang-eagle":
+        llama["bias"] = draft.fc.bias is not None  # SGLang's fc: 2H -> H (vLLM reads "bias" as o_proj's: never set)
+    elif config.variant == "eagle3":
         llama["draft_vocab_size"] = config.draft_vocab_size
         llama["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids)}
     llama["base_model_name_or_path"] = model or config.base_model_name_or_path
@@ -170,7 +192,8 @@ def export_eagle(format: str, draft: EagleDraft, model: str | None = None,
     if format not in EAGLE_FORMATS:
         raise ValueError(f"unknown EAGLE format {format!r}; expected one of {', '.join(EAGLE_FORMATS)}")
     _require_variant(format, draft, source)
-    tensors = export_tensors(draft)  # first: it refuses layers that are not Llama-style
+    _check_engine_layer(format, draft, source)
+    tensors = export_tensors(draft, format)  # first: it refuses layers that are not Llama-style
     return export_config(format, draft, model), tensors
 
 
@@ -209,7 +232,7 @@ def _int_list(value, what: str, path: Path) -> list[int]:
     return value
 
 
-def eagle_config_from_export(format: str, raw: dict, path: Path) -> EagleConfig:
+def eagle_config_from_export(format: str, raw: dict, path: Path, fc_bias: bool = False) -> EagleConfig:
     ours = raw.get("specheads") or {}
     if format == "vllm-eagle3":
         layer = raw.get("transformer_layer_config")
@@ -231,7 +254,7 @@ def eagle_config_from_export(format: str, raw: dict, path: Path) -> EagleConfig:
             variant=variant, hidden_size=layer.get("hidden_size"), vocab_size=layer.get("vocab_size"),
             draft_vocab_size=raw.get("draft_vocab_size", 0) if variant == "eagle3" else 0,
             aux_layer_ids=_int_list(aux, "eagle_aux_hidden_state_layer_ids", path) if variant == "eagle3" else [],
-            base_model_name_or_path=base, layer_config=_layer_config_back(layer, model_type))
+            base_model_name_or_path=base, layer_config=_layer_config_back(layer, model_type), fc_bias=fc_bias)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path}: {err}") from err
 
@@ -245,8 +268,9 @@ def load_eagle_export(directory: str | Path, format: str | None = None) -> Eagle
     format = format or detect_format(raw)
     if format not in EAGLE_FORMATS:
         raise ValueError(f"{path}: not an EAGLE export ({', '.join(EAGLE_FORMATS)})")
-    draft = EagleDraft(eagle_config_from_export(format, raw, path))
     state = read_folder_safetensors(directory, WEIGHTS_NAME)
+    fc_bias = raw.get("bias", "fc.bias" in state) if format == "sglang-eagle" else "fc.bias" in state
+    draft = EagleDraft(eagle_config_from_export(format, raw, path, fc_bias=bool(fc_bias)))
     if "fc.weight" in state:
         draft.to(state["fc.weight"].dtype)  # keep the file's precision (float buffers d2t/t2d are not float)
     renames = _renames(draft.config)

@@ -16,7 +16,7 @@ from specheads.heads.eagle_export import export_eagle, load_eagle_export
 from specheads.heads.export import FORMATS, export
 
 REPO = Path(__file__).resolve().parents[1]
-H, V, I, DV, LAYERS = 32, 100, 64, 40, 6
+H, V, I, DV, LAYERS = 32, 100, 64, 40, 8
 BASES = {"llama": LlamaConfig, "qwen2": Qwen2Config}
 VARIANT = {"vllm-eagle": "eagle1", "sglang-eagle": "eagle1", "vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3"}
 
@@ -35,10 +35,11 @@ def base_config(kind: str, config_class=None):
                         max_position_embeddings=512, tie_word_embeddings=False)
 
 
-def random_draft(kind: str, variant: str, name: str = "tiny", config_class=None) -> EagleDraft:
+def random_draft(kind: str, variant: str, name: str = "tiny", config_class=None, **settings) -> EagleDraft:
+    """settings: for_base's layer / fc_bias (default: a new draft's, i.e. a Llama layer for EAGLE-3, no fc bias)."""
     torch.manual_seed(0)
     config = EagleConfig.for_base(base_config(kind, config_class), name, variant=variant,
-                                  draft_vocab_size=DV if variant == "eagle3" else 0)
+                                  draft_vocab_size=DV if variant == "eagle3" else 0, **settings)
     draft = EagleDraft(config).double()
     with torch.no_grad():
         for parameter in draft.parameters():
@@ -52,7 +53,7 @@ def expected_tensors(kind: str, variant: str) -> dict[str, tuple]:
     """The exported names and shapes, written out by hand from REFERENCE §6."""
     if variant == "eagle1":
         prefix, wide = "layers.0.", H
-        names = {"fc.weight": (H, 2 * H), "fc.bias": (H,)}
+        names = {"fc.weight": (H, 2 * H)}
     else:
         prefix, wide = "midlayer.", 2 * H
         names = {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (DV, H), "d2t": (DV,),
@@ -61,7 +62,7 @@ def expected_tensors(kind: str, variant: str) -> dict[str, tuple]:
                   f"{prefix}self_attn.v_proj.weight": (16, wide), f"{prefix}self_attn.o_proj.weight": (H, H),
                   f"{prefix}mlp.gate_proj.weight": (I, H), f"{prefix}mlp.up_proj.weight": (I, H),
                   f"{prefix}mlp.down_proj.weight": (H, I), f"{prefix}post_attention_layernorm.weight": (H,)})
-    if kind == "qwen2":
+    if kind == "qwen2" and variant == "eagle1":  # EAGLE-3 drafts have a Llama layer whatever the base
         names.update({f"{prefix}self_attn.q_proj.bias": (H,), f"{prefix}self_attn.k_proj.bias": (16,),
                       f"{prefix}self_attn.v_proj.bias": (16,)})
     return names
@@ -126,7 +127,7 @@ def test_eagle_export_names_shapes_config_and_round_trip(tmp_path, kind, format)
     aux = draft.config.aux_layer_ids
     if format == "vllm-eagle3":
         assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3Speculator"]
-        assert config["draft_vocab_size"] == DV and config["eagle_aux_hidden_state_layer_ids"] == aux == [2, 3, 3]
+        assert config["draft_vocab_size"] == DV and config["eagle_aux_hidden_state_layer_ids"] == aux == [2, 4, 5]
         assert config["norm_before_residual"] is False
         spec = config["speculators_config"]
         assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
@@ -135,16 +136,17 @@ def test_eagle_export_names_shapes_config_and_round_trip(tmp_path, kind, format)
         assert spec["verifier"] == {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
                                     "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[kind]]}
         layer = config["transformer_layer_config"]
-        assert layer["model_type"] == kind
-        check_layer_fields(layer, kind)
+        assert layer["model_type"] == "llama"
+        check_layer_fields(layer, "llama")
     else:
         assert config["model_type"] == "llama"
         assert config["architectures"] == {"vllm-eagle": ["LlamaForCausalLM"], "sglang-eagle": ["LlamaForCausalLMEagle"],
                                            "sglang-eagle3": ["LlamaForCausalLMEagle3"]}[format]
-        check_layer_fields(config, kind)
+        check_layer_fields(config, kind if variant == "eagle1" else "llama")
         assert config["tie_word_embeddings"] is False
         if variant == "eagle1":
-            assert config["bias"] is True and "draft_vocab_size" not in config
+            assert "draft_vocab_size" not in config
+            assert config.get("bias") is (False if format == "sglang-eagle" else None)  # vLLM: o_proj's, never set
         else:
             assert "bias" not in config and config["draft_vocab_size"] == DV
             assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": aux}
@@ -154,7 +156,7 @@ def test_eagle_export_names_shapes_config_and_round_trip(tmp_path, kind, format)
     assert (back.config.variant, back.config.hidden_size, back.config.vocab_size, back.config.draft_vocab_size,
             back.config.aux_layer_ids, back.config.base_model_name_or_path) == (
         variant, H, V, DV if variant == "eagle3" else 0, aux, "smollm2-135m-instruct")
-    assert back.config.layer_config["model_type"] == kind
+    assert back.config.layer_config["model_type"] == (kind if variant == "eagle1" else "llama")
     same_outputs(draft.eval(), back.eval())
 
     export("specheads", out, tmp_path / "own")  # and into specheads' own format
@@ -189,12 +191,54 @@ def test_eagle_export_refusals(tmp_path):
     save_file({**tensors, "layers.0.self_attn.o_proj.bias": torch.zeros(H)}, out / "model.safetensors")
     with pytest.raises(ValueError, match=r"unexpected tensors \['layers.0.self_attn.o_proj.bias'\]"):
         load_eagle_export(out)
-    del tensors["fc.bias"]
     save_file({**tensors, "fc.weight": torch.zeros(H, 3 * H)}, out / "model.safetensors")
-    with pytest.raises(ValueError, match=r"missing tensors \['fc.bias'\]"):
+    with pytest.raises(ValueError, match=r"tensor fc.weight has shape \(32, 96\), expected \(32, 64\)"):
         load_eagle_export(out)
 
     # a layer a Llama-style EAGLE layer cannot hold (Qwen3's q_norm/k_norm) is refused, not dropped
     qwen3 = random_draft("qwen3", "eagle1", config_class=Qwen3Config)
     with pytest.raises(ValueError, match="model_type 'qwen3'.*q_norm.*Llama-style"):
         export_eagle("vllm-eagle", qwen3)
+
+
+def test_fc_bias_goes_to_sglang_and_is_refused_for_vllm(tmp_path):
+    """vLLM's EAGLE-1 fc has no bias and drops a shipped one silently: a non-zero fc.bias is refused by name,
+    a zero one left out; SGLang's fc has one ("bias": true) and gets it."""
+    draft = random_draft("llama", "eagle1", fc_bias=True)
+    with pytest.raises(ValueError, match="tensor fc.bias is not zero.*vLLM's EAGLE-1 fc has no bias.*sglang-eagle"):
+        export_eagle("vllm-eagle", draft)
+    config, tensors = export_eagle("sglang-eagle", draft)
+    assert config["bias"] is True and torch.equal(tensors["fc.bias"], draft.fc.bias.detach())
+    draft.save_pretrained(tmp_path / "heads")
+    export("sglang-eagle", tmp_path / "heads", tmp_path / "sglang")
+    same_outputs(draft.eval(), load_eagle_export(tmp_path / "sglang").eval())
+    with torch.no_grad():
+        draft.fc.bias.zero_()
+    config, tensors = export_eagle("vllm-eagle", draft)
+    assert "fc.bias" not in tensors and "bias" not in config
+
+
+def test_vllm_eagle3_refuses_a_layer_vllm_cannot_build():
+    """A Qwen2-style EAGLE-3 layer (q/k/v biases; drafts made before eagle.layer defaulted to llama) is refused
+    for vLLM, which builds Llama-style EAGLE-3 layers only."""
+    draft = random_draft("qwen2", "eagle3", layer="base")
+    assert draft.layers[0].self_attn.q_proj.bias is not None
+    with pytest.raises(ValueError, match="'qwen2'-style; vLLM's EAGLE-3 loads Llama-style layers.*eagle.layer: llama"):
+        export_eagle("vllm-eagle3", draft)
+    export_eagle("sglang-eagle3", draft)  # SGLang's loader is only read, not run here: the names stay as they were
+
+
+def test_vllm_eagle3_refuses_a_layer_read_twice():
+    """vLLM collects each aux layer once: ids [2, 3, 3] (the default for a 6-layer base) cannot be served."""
+    draft = random_draft("llama", "eagle3", aux_layer_ids=[2, 3, 3])
+    with pytest.raises(ValueError, match=r"\[2, 3, 3\] name a layer twice; vLLM collects each layer once"):
+        export_eagle("vllm-eagle3", draft)
+
+
+def test_export_states_the_dtype_of_its_tensors(tmp_path):
+    """A bf16 copy of a draft trained in fp32 exports as bfloat16, not as the training dtype."""
+    draft = random_draft("llama", "eagle3").to(torch.bfloat16)
+    draft.config.layer_config["torch_dtype"] = "float32"
+    config, tensors = export_eagle("vllm-eagle3", draft)
+    assert tensors["fc.weight"].dtype == torch.bfloat16
+    assert config["torch_dtype"] == config["transformer_layer_config"]["torch_dtype"] == "bfloat16"

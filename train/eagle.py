@@ -43,12 +43,16 @@ class EagleSection:
     cache_features: bool = True  # store the base's hidden states once and reuse them across epochs
     cache_dir: str = ""  # default: <specheads cache>/features
     init_draft: str | None = None  # start from this saved draft (weights and vocabulary mapping), e.g. more epochs or data
+    layer: str | None = None  # draft layer: llama (no attention bias; what engines load) | base; default llama for eagle3
+    fc_bias: bool = False  # eagle1: EAGLE's original fc bias (SGLang loads it; vLLM cannot)
 
     def validate(self):
         if self.variant not in ("eagle1", "eagle3"):
             raise ValueError(f"eagle.variant must be eagle1 or eagle3, got {self.variant!r}")
         if self.ttt_steps < 1 or self.eval_steps < 1:
             raise ValueError("eagle.ttt_steps and eagle.eval_steps must be >= 1")
+        if self.layer not in (None, "llama", "base"):
+            raise ValueError(f"eagle.layer must be llama or base, got {self.layer!r}")
         if not 0.0 <= self.greedy_target_weight <= 1.0:
             raise ValueError(f"eagle.greedy_target_weight must be in [0, 1], got {self.greedy_target_weight}")
 
@@ -129,7 +133,8 @@ class EagleTask(DraftTask):
     def build(self, base, tokenizer, examples):
         e = self.cfg.eagle
         config = EagleConfig.for_base(base.config, self.cfg.model.name, variant=e.variant,
-                                      draft_vocab_size=e.draft_vocab_size, aux_layer_ids=self._layers(base) or None)
+                                      draft_vocab_size=e.draft_vocab_size, aux_layer_ids=self._layers(base) or None,
+                                      layer=e.layer, fc_bias=e.fc_bias)
         if e.init_draft:
             return self._initial_draft(config, base)
         draft = EagleDraft(config)

@@ -1,5 +1,6 @@
 """Export a draft, serve it in vLLM, decode the same prompts with our decoder, and put the figures side by side.
 
+    prompts = chat_prompts("smollm2-135m-instruct", first_turns("data/questions/sharegpt-dev.jsonl", 6))
     report = compare_with_vllm("vllm-eagle3", "heads/trained/smollm2-135m-eagle3", prompts, k=5, max_tokens=96)
     report.engine.acceptance_length, report.ours.acceptance_length, report.engine_identity
 
@@ -80,29 +81,33 @@ class Comparison:
                 "speedup": self.engine.tokens_per_s / self.plain.tokens_per_s}
 
 
-def chat_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
+def chat_prompts(model: str, texts: list[str]) -> list[list[int]]:
+    """Each text as a user turn through the model's chat template, as token ids."""
+    tokenizer = load_tokenizer(model)
     return [chat_input_ids(tokenizer, text)[0].tolist() for text in texts]
 
 
-def compare_with_vllm(format: str, heads_dir: str | Path, texts: list[str], *, k: int, max_tokens: int,
-                      model: str | None = None, dtype: str = "float32", export_dir: str | Path | None = None,
-                      batch_size: int = 0, log: str | Path | None = None) -> Comparison:
-    """Export `heads_dir` as `format`, serve it in vLLM and decode the same chat prompts ourselves."""
+def compare_with_vllm(format: str, heads_dir: str | Path, prompts: list[list[int]], *, k: int, max_tokens: int,
+                      model: str | None = None, dtype: str = "float32", stop_token_ids: list[int] | None = None,
+                      export_dir: str | Path | None = None, batch_size: int = 0,
+                      log: str | Path | None = None) -> Comparison:
+    """Export `heads_dir` as `format`, serve it in vLLM and decode the same prompts (token ids) ourselves.
+
+    model: the base (default the one the heads name); stop_token_ids: default the base's EOS ids."""
     from specheads.heads.export import export
 
     model = model or _base_of(Path(heads_dir))
     with tempfile.TemporaryDirectory(prefix="specheads-export-") as tmp:
         folder = Path(export_dir or Path(tmp) / format)
         export(format, heads_dir, folder, model=model, overwrite=export_dir is not None)
-        tokenizer = load_tokenizer(model)
         base = load_base_model(model, dtype=DTYPES[dtype])
-        prompts = chat_prompts(tokenizer, texts)
-        eos = eos_token_ids(base, tokenizer)
+        if stop_token_ids is None:
+            stop_token_ids = eos_token_ids(base, load_tokenizer(model))
         draft = load_draft_heads(folder, base)
-        ours = run_chain(base, draft, prompts, k, max_tokens, eos)
+        ours = run_chain(base, draft, prompts, k, max_tokens, stop_token_ids)
         del base, draft
         runs = run_vllm(model, prompts, [plain_run(), draft_run(format, folder, k)], max_tokens=max_tokens,
-                        stop_token_ids=eos, dtype=dtype, batch_size=batch_size, log=log)
+                        stop_token_ids=stop_token_ids, dtype=dtype, batch_size=batch_size, log=log)
     return Comparison(format, k, dtype, runs["plain"], runs[format], ours)
 
 

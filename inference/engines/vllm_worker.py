@@ -4,7 +4,7 @@ This file runs inside vLLM's own virtual environment (`make setup-engines` makes
 nothing from specheads: `inference/engines/vllm.py` writes a job file, starts this script with that venv's
 Python and reads the result file back. Job (JSON):
 
-    {"model": folder, "dtype": "bfloat16", "max_model_len": 1024, "prompts": [[token ids], ...],
+    {"model": folder, "dtype": "bfloat16", "max_model_len": null (the model's), "prompts": [[token ids], ...],
      "max_tokens": 64, "stop_token_ids": [...], "batch_size": 0 (all prompts at once),
      "runs": [{"name": "plain", "speculative_config": null}, {"name": "eagle3", "speculative_config": {...}}]}
 
@@ -48,8 +48,9 @@ def run_one(job: dict, run: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
-    llm = LLM(model=job["model"], tokenizer=job.get("tokenizer") or job["model"], dtype=job.get("dtype", "bfloat16"),
-              enforce_eager=True, max_model_len=job.get("max_model_len", 1024), seed=0,
+    # Token ids in, token ids out: no tokenizer needed (a tiny test base has none).
+    llm = LLM(model=job["model"], dtype=job.get("dtype", "bfloat16"), skip_tokenizer_init=True, enforce_eager=True,
+              max_model_len=job.get("max_model_len"), seed=0,
               distributed_executor_backend="uni", disable_log_stats=False,
               speculative_config=run.get("speculative_config"))
     init_s = time.perf_counter() - started
