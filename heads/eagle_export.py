@@ -117,6 +117,10 @@ def layer_dict(draft: EagleDraft) -> dict:
     """The draft layer's config (the base's, num_hidden_layers=1) without transformers bookkeeping, plus
     explicit bias flags, flat rope settings for readers that predate rope_parameters, and torch_dtype."""
     layer = {k: v for k, v in draft.config.layer_config.items() if k not in NOISE_KEYS}
+    if set(layer.get("layer_types") or ()) == {"full_attention"}:
+        # The one entry kept for the one layer: vLLM numbers the draft layer after the target's (layer L) and
+        # would index layer_types[L] ("out of bounds"); all-full attention is every reader's default anyway.
+        del layer["layer_types"]
     layer.update(num_hidden_layers=1, tie_word_embeddings=False, torch_dtype=_dtype_name(draft), **_bias_flags(draft))
     layer.setdefault("head_dim", draft.layers[0].self_attn.head_dim)
     rope = layer.get("rope_parameters")

@@ -92,10 +92,10 @@ def tiny_engine_base(arch: str):
     return model
 
 
-def fitted_medusa(model, num_heads: int = 3, steps: int = 150) -> MedusaHeads:
+def fitted_medusa(model, num_heads: int = 3, steps: int = 150, prompts: int = 256) -> MedusaHeads:
     """Medusa heads trained for a moment on the model's own greedy text (head i: the token i + 2 ahead)."""
     torch.manual_seed(7)
-    prompts = torch.randint(3, VOCAB, (32, 6))
+    prompts = torch.randint(3, VOCAB, (prompts, 6))
     with torch.no_grad():
         text = model.generate(prompts, max_new_tokens=30, do_sample=False, pad_token_id=0,
                               attention_mask=torch.ones_like(prompts))
@@ -127,3 +127,65 @@ def test_tiny_bases_in_vllm(tmp_path, arch, format, k):
     comparison = compare_with_vllm(format, tmp_path / "heads", prompts, k=k, max_tokens=48, stop_token_ids=[])
     report(comparison, f"tiny {arch} {format}")
     check(comparison, 1.2)
+
+
+# ---- vllm serve: the OpenAI-compatible server -----------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url: str, body: dict | None = None, timeout: float = 120):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.status, response.read().decode()
+
+
+def test_vllm_serve_starts_answers_and_shuts_down(tmp_path):
+    """`vllm serve` with the exported EAGLE-3 draft (the command vllm_serve_command gives, which the README and
+    model cards print): it starts, answers one chat request using the draft, and exits cleanly on Ctrl-C."""
+    from specheads.data.models import resolve_model
+    from specheads.heads.export import export
+    from specheads.inference.engines.vllm_engine import vllm_serve_command
+
+    folder = export("vllm-eagle3", REPO / "heads/trained/smollm2-135m-eagle3", tmp_path / "draft")
+    model, port = resolve_model("smollm2-135m-instruct"), free_port()
+    command = vllm_serve_command(model, "vllm-eagle3", folder, 5, port=port, dtype="float32",
+                                 vllm=str(vllm_python().with_name("vllm")))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("OMP_NUM_THREADS", None)
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, f"vllm serve exited with {server.returncode}:\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"vllm serve not up in 300 s:\n{log_path.read_text()[-3000:]}"
+            try:
+                if http(f"{base}/health", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(2)
+        status, body = http(f"{base}/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 32, "temperature": 0})
+        answer = json.loads(body)
+        print(f"\nvllm serve answered: {answer['choices'][0]['message']['content']!r} ({answer['usage']})")
+        assert status == 200 and answer["choices"][0]["message"]["content"].strip()
+        metrics = http(f"{base}/metrics")[1]
+        drafts = [float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("vllm:spec_decode_num_drafts_total")]
+        assert drafts and sum(drafts) > 0, "the server answered without drafting"
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            code = server.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise AssertionError(f"vllm serve did not stop within 90 s of SIGINT:\n{log_path.read_text()[-3000:]}")
+    assert code == 0, f"vllm serve exited with {code} after SIGINT:\n{log_path.read_text()[-3000:]}"

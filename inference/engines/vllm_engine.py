@@ -110,3 +110,12 @@ def run_vllm(model: str, prompts: list[list[int]], runs: list[dict], *, max_toke
         result = json.loads(out_path.read_text())
     known = set(EngineRun.__dataclass_fields__)
     return {run["name"]: EngineRun(**{k: v for k, v in run.items() if k in known}) for run in result["runs"]}
+
+
+def vllm_serve_command(model: str, format: str, folder: str | Path, k: int, *, port: int = 8000,
+                       dtype: str = "bfloat16", vllm: str = "vllm") -> list[str]:
+    """The `vllm serve` command (OpenAI-compatible server) for a base and an exported draft: what the engine
+    test starts, the README shows and a model card prints."""
+    spec = draft_run(format, folder, k)["speculative_config"]
+    return [vllm, "serve", str(model), "--dtype", dtype, "--enforce-eager", "--port", str(port),
+            "--speculative-config", json.dumps(spec, separators=(",", ":"))]
