@@ -6,10 +6,12 @@
   layers.0.mlp.*, layers.0.post_attention_layernorm.weight; no embed/lm_head. A non-zero fc.bias is refused
   for vLLM (it would be dropped silently).
 - `sglang-eagle3` (EAGLE-3): Llama-style config with architectures LlamaForCausalLMEagle3, draft_vocab_size
-  and eagle_config.eagle_aux_hidden_state_layer_ids; weights midlayer.*, fc.weight, norm.weight,
+  and eagle_config.eagle_aux_hidden_state_layer_ids (each one less than ours: SGLang reads id k one layer
+  later than vLLM does, see SGLANG_AUX_SHIFT); weights midlayer.*, fc.weight, norm.weight,
   lm_head.weight [draft_vocab, H], d2t (int64 offsets) and t2d (bool).
 - `vllm-eagle3`: the vLLM "speculators" layout: speculators_model_type "eagle3", speculators_config
-  (greedy proposals, verifier), transformer_layer_config, and the same tensors as sglang-eagle3. vLLM builds
+  (greedy proposals, verifier), transformer_layer_config, and the same tensors as sglang-eagle3 with the layer
+  as `layers.0.*` (hidden_norm included), as the speculators library writes and reads them. vLLM builds
   Llama-style layers only: a draft whose layer is another architecture's (a Qwen2 layer with q/k/v biases,
   trained before eagle.layer defaulted to llama) is refused.
 
@@ -54,19 +56,16 @@ def _require_variant(format: str, draft: EagleDraft, source) -> None:
                          f"{' or '.join(f for f, v in EAGLE_FORMATS.items() if v == draft.config.variant)}")
 
 
-def _renames(config: EagleConfig) -> dict[str, str]:
-    """EagleDraft tensor name -> exported name (identity for EAGLE-1; EAGLE-3's layer is `midlayer`)."""
-    if config.variant == "eagle1":
-        return {}
-    return {"hidden_norm.weight": "midlayer.hidden_norm.weight"}
-
-
-def _exported_name(name: str, renames: dict[str, str], variant: str) -> str:
-    if name in renames:
-        return renames[name]
-    if variant == "eagle3" and name.startswith("layers.0."):
-        return "midlayer." + name.removeprefix("layers.0.")
-    return name
+def _exported_name(name: str, format: str) -> str:
+    """EagleDraft tensor name -> its name in `format`: EAGLE-1 and the speculators layout (vllm-eagle3, what the
+    speculators library writes and vLLM reads natively) keep `layers.0.*`, with EAGLE-3's hidden_norm inside
+    the layer; SGLang's EAGLE-3 calls the layer `midlayer`."""
+    if EAGLE_FORMATS[format] == "eagle1":
+        return name
+    layer_name = "layers.0." + name if name == "hidden_norm.weight" else name
+    if format == "sglang-eagle3" and layer_name.startswith("layers.0."):
+        return "midlayer." + layer_name.removeprefix("layers.0.")
+    return layer_name
 
 
 def _check_engine_layer(format: str, draft: EagleDraft, source) -> None:
@@ -86,10 +85,9 @@ def _check_engine_layer(format: str, draft: EagleDraft, source) -> None:
                          f"eagle.layer: llama (the default for EAGLE-3 drafts), whatever the base")
 
 
-def export_tensors(draft: EagleDraft, format: str | None = None) -> dict[str, torch.Tensor]:
+def export_tensors(draft: EagleDraft, format: str) -> dict[str, torch.Tensor]:
     """The draft's tensors under the exported names, each a contiguous CPU copy (vllm-eagle: a zero fc.bias,
     which vLLM has no place for, is left out)."""
-    renames = _renames(draft.config)
     tensors = {}
     for name, tensor in draft.state_dict().items():
         if name.startswith("rotary_emb.") or (format == "vllm-eagle" and name == "fc.bias"):
@@ -97,7 +95,7 @@ def export_tensors(draft: EagleDraft, format: str | None = None) -> dict[str, to
         if name.startswith("layers.0.") and not LAYER_TENSOR.fullmatch(name.removeprefix("layers.0.")):
             raise ValueError(f"the draft layer (model_type {draft.config.layer_config.get('model_type')!r}) holds "
                              f"{name}, which a Llama-style EAGLE layer lacks; vLLM/SGLang cannot load it")
-        tensors[_exported_name(name, renames, draft.config.variant)] = tensor.detach().cpu().contiguous().clone()
+        tensors[_exported_name(name, format)] = tensor.detach().cpu().contiguous().clone()
     return tensors
 
 
@@ -129,6 +127,19 @@ def layer_dict(draft: EagleDraft) -> dict:
         scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
         layer.setdefault("rope_scaling", scaling if scaling.get("rope_type", "default") != "default" else None)
     return layer
+
+
+# SGLang adds 1 to explicit aux layer ids and captures the stream *before* that layer, so its id k reads what
+# enters layer k + 1; vLLM (and specheads' aux_layer_ids, indices into HF hidden_states) read what enters layer k.
+SGLANG_AUX_SHIFT = 1
+
+
+def sglang_aux_ids(aux_layer_ids: list[int]) -> list[int]:
+    """The ids to write for SGLang so that it reads the layers the draft was trained on."""
+    if min(aux_layer_ids) < SGLANG_AUX_SHIFT:
+        raise ValueError(f"aux_layer_ids {list(aux_layer_ids)}: SGLang cannot read the embeddings (hidden state 0) "
+                         f"as an aux layer; its ids start at the output of layer 0")
+    return [i - SGLANG_AUX_SHIFT for i in aux_layer_ids]
 
 
 def _specheads_entry(draft: EagleDraft) -> dict:
@@ -174,7 +185,7 @@ def export_config(format: str, draft: EagleDraft, model: str | None = None) -> d
         llama["bias"] = draft.fc.bias is not None  # SGLang's fc: 2H -> H (vLLM reads "bias" as o_proj's: never set)
     elif config.variant == "eagle3":
         llama["draft_vocab_size"] = config.draft_vocab_size
-        llama["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids)}
+        llama["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": sglang_aux_ids(config.aux_layer_ids)}
     llama["base_model_name_or_path"] = model or config.base_model_name_or_path
     llama["specheads"] = _specheads_entry(draft)
     return llama
@@ -250,7 +261,9 @@ def eagle_config_from_export(format: str, raw: dict, path: Path, fc_bias: bool =
         layer = raw
         model_type = ours.get("layer_model_type") or ("qwen2" if raw.get("qkv_bias") and not raw.get(
             "attention_bias") else "llama")
-        aux = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ours.get("aux_layer_ids")
+        sglang = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        aux = [i + SGLANG_AUX_SHIFT for i in _int_list(sglang, "eagle_aux_hidden_state_layer_ids", path)] if sglang \
+            else ours.get("aux_layer_ids")
         base = ours.get("base_model_name_or_path") or raw.get("base_model_name_or_path") or ""
     variant = EAGLE_FORMATS[format]
     try:
@@ -277,8 +290,7 @@ def load_eagle_export(directory: str | Path, format: str | None = None) -> Eagle
     draft = EagleDraft(eagle_config_from_export(format, raw, path, fc_bias=bool(fc_bias)))
     if "fc.weight" in state:
         draft.to(state["fc.weight"].dtype)  # keep the file's precision (float buffers d2t/t2d are not float)
-    renames = _renames(draft.config)
-    expected = {_exported_name(name, renames, draft.config.variant): (name, tensor)
+    expected = {_exported_name(name, format): (name, tensor)
                 for name, tensor in draft.state_dict().items() if not name.startswith("rotary_emb.")}
     missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
     if missing or unexpected:

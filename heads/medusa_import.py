@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -81,6 +82,21 @@ def _vocab_size(raw: dict, base_model, config_path: Path) -> int:
                          ) from err
 
 
+def _trust_the_tensors(state: dict, pattern, num_heads: int, num_layers: int, config_path: Path,
+                       weights_path: Path) -> tuple[int, int]:
+    """Heads and blocks as the weights file holds them. Published configs can disagree with their tensors
+    (medusa-vicuna-7b-v1.3: medusa_num_heads 2, five heads stored); FasterDecoding builds from the tensors it
+    loads, so do we, and say so."""
+    matches = [m for m in map(pattern.fullmatch, state) if m]
+    heads = 1 + max((int(m[1]) for m in matches), default=num_heads - 1)
+    layers = 1 + max((int(m[2]) for m in matches if m[3].startswith("linear.")), default=num_layers - 1)
+    for key, stated, found in (("medusa_num_heads", num_heads, heads), ("medusa_num_layers", num_layers, layers)):
+        if stated != found:
+            warnings.warn(f"{config_path}: {key} is {stated}, but {weights_path.name} holds {found}; "
+                          f"using the tensors, as FasterDecoding's loader does", stacklevel=3)
+    return heads, layers
+
+
 def import_faster_decoding(directory: str | Path, base_model=None) -> MedusaHeads:
     """A FasterDecoding/Medusa v0.1 heads folder -> MedusaHeads (own or shared lm_head layout)."""
     directory = Path(directory)
@@ -91,6 +107,7 @@ def import_faster_decoding(directory: str | Path, base_model=None) -> MedusaHead
     state = {name.removeprefix("medusa_head."): tensor for name, tensor in state.items()}
 
     pattern = re.compile(r"(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)")
+    num_heads, num_layers = _trust_the_tensors(state, pattern, num_heads, num_layers, config_path, weights_path)
     renamed, own_lm_head = {}, False
     for name, tensor in state.items():
         match = pattern.fullmatch(name)

@@ -49,15 +49,17 @@ def random_draft(kind: str, variant: str, name: str = "tiny", config_class=None,
     return draft
 
 
-def expected_tensors(kind: str, variant: str) -> dict[str, tuple]:
-    """The exported names and shapes, written out by hand from REFERENCE §6."""
+def expected_tensors(kind: str, format: str) -> dict[str, tuple]:
+    """The exported names and shapes, written out by hand from REFERENCE §6 (SGLang's EAGLE-3 layer is
+    `midlayer`, the speculators library's `layers.0`)."""
+    variant = VARIANT[format]
     if variant == "eagle1":
         prefix, wide = "layers.0.", H
         names = {"fc.weight": (H, 2 * H)}
     else:
-        prefix, wide = "midlayer.", 2 * H
+        prefix, wide = "midlayer." if format == "sglang-eagle3" else "layers.0.", 2 * H
         names = {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (DV, H), "d2t": (DV,),
-                 "t2d": (V,), "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,)}
+                 "t2d": (V,), f"{prefix}input_layernorm.weight": (H,), f"{prefix}hidden_norm.weight": (H,)}
     names.update({f"{prefix}self_attn.q_proj.weight": (H, wide), f"{prefix}self_attn.k_proj.weight": (16, wide),
                   f"{prefix}self_attn.v_proj.weight": (16, wide), f"{prefix}self_attn.o_proj.weight": (H, H),
                   f"{prefix}mlp.gate_proj.weight": (I, H), f"{prefix}mlp.up_proj.weight": (I, H),
@@ -110,7 +112,7 @@ def test_eagle_export_names_shapes_config_and_round_trip(tmp_path, kind, format)
 
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     tensors = load_file(out / "model.safetensors")
-    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected_tensors(kind, variant)
+    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected_tensors(kind, format)
     if variant == "eagle1":
         torch.testing.assert_close(tensors["fc.weight"], draft.fc.weight.detach(), rtol=0, atol=0)
         torch.testing.assert_close(tensors["layers.0.self_attn.q_proj.weight"],
@@ -119,7 +121,8 @@ def test_eagle_export_names_shapes_config_and_round_trip(tmp_path, kind, format)
         assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
         assert torch.equal(tensors["d2t"], draft.d2t) and torch.equal(tensors["t2d"], draft.t2d)
         assert int(tensors["t2d"].sum()) == DV and tensors["d2t"].abs().sum() > 0
-        torch.testing.assert_close(tensors["midlayer.hidden_norm.weight"], draft.hidden_norm.weight.detach(),
+        layer = "midlayer" if format == "sglang-eagle3" else "layers.0"
+        torch.testing.assert_close(tensors[f"{layer}.hidden_norm.weight"], draft.hidden_norm.weight.detach(),
                                    rtol=0, atol=0)
         torch.testing.assert_close(tensors["lm_head.weight"], draft.lm_head.weight.detach(), rtol=0, atol=0)
 
@@ -149,7 +152,8 @@ def test_eagle_export_names_shapes_config_and_round_trip(tmp_path, kind, format)
             assert config.get("bias") is (False if format == "sglang-eagle" else None)  # vLLM: o_proj's, never set
         else:
             assert "bias" not in config and config["draft_vocab_size"] == DV
-            assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": aux}
+            # SGLang reads its id k as the stream entering layer k + 1: ids one less read the trained layers
+            assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
 
     back = load_eagle_export(out)  # the format is recognised from config.json
     assert back.extra_config == {"imported_from": format}
@@ -233,6 +237,20 @@ def test_vllm_eagle3_refuses_a_layer_read_twice():
     draft = random_draft("llama", "eagle3", aux_layer_ids=[2, 3, 3])
     with pytest.raises(ValueError, match=r"\[2, 3, 3\] name a layer twice; vLLM collects each layer once"):
         export_eagle("vllm-eagle3", draft)
+
+
+def test_sglang_aux_ids_read_the_trained_layers(tmp_path):
+    """A foreign SGLang folder's ids come back one higher; a draft reading the embeddings (id 0) is refused."""
+    draft = random_draft("llama", "eagle3", aux_layer_ids=[0, 4, 5])
+    with pytest.raises(ValueError, match=r"\[0, 4, 5\]: SGLang cannot read the embeddings"):
+        export_eagle("sglang-eagle3", draft)
+    draft = random_draft("llama", "eagle3")
+    draft.save_pretrained(tmp_path / "heads")
+    out = export("sglang-eagle3", tmp_path / "heads", tmp_path / "sglang")
+    config = json.loads((out / "config.json").read_text())
+    del config["specheads"]  # as SGLang's own checkpoints are
+    (out / "config.json").write_text(json.dumps(config))
+    assert load_eagle_export(out).config.aux_layer_ids == [2, 4, 5]
 
 
 def test_export_states_the_dtype_of_its_tensors(tmp_path):

@@ -237,12 +237,30 @@ def test_faster_decoding_shared_layout_takes_vocab_from_config_or_base_config(tm
         MedusaHeads.from_pretrained(tmp_path / "c")  # no base config to read: say what is needed
 
 
+def test_faster_decoding_config_that_disagrees_with_its_tensors_loads_the_tensors(tmp_path, base_lm_head):
+    """medusa-vicuna-7b-v1.3's config says 2 heads and its file holds 5: upstream builds what the file holds."""
+    blocks, lm_heads = write_faster_decoding(tmp_path / "fd", own=True, suffix="safetensors")
+    config = json.loads((tmp_path / "fd" / "config.json").read_text())
+    (tmp_path / "fd" / "config.json").write_text(json.dumps({**config, "medusa_num_heads": 2}))
+    with pytest.warns(UserWarning, match=f"config.json: medusa_num_heads is 2, but medusa_lm_head.safetensors "
+                                         f"holds {K}; using the tensors"):
+        heads = MedusaHeads.from_pretrained(tmp_path / "fd")
+    assert heads.config.num_heads == K
+    h = torch.randn(4, H)
+    with torch.no_grad():
+        torch.testing.assert_close(heads(h, base_lm_head), reference_logits(h, blocks, lm_heads))
+
+
 def test_faster_decoding_bad_tensor_names_and_shapes_are_named(tmp_path):
     folder = tmp_path / "fd"
     write_faster_decoding(folder, own=True, suffix="safetensors")
     state = load_file(folder / "medusa_lm_head.safetensors")
     save_file({**state, "5.0.linear.weight": torch.zeros(H, H)}, folder / "medusa_lm_head.safetensors")
-    with pytest.raises(ValueError, match="medusa_lm_head.safetensors: unexpected tensor '5.0.linear.weight'"):
+    with pytest.warns(UserWarning, match="medusa_num_heads is 3, but medusa_lm_head.safetensors holds 6"), \
+            pytest.raises(ValueError, match="medusa_lm_head.safetensors: missing tensors for blocks.3.0.linear.bias"):
+        MedusaHeads.from_pretrained(folder)  # the tensors are trusted: head 5 without head 4 is incomplete
+    save_file({**state, "0.9.linear.x": torch.zeros(H, H)}, folder / "medusa_lm_head.safetensors")
+    with pytest.raises(ValueError, match="medusa_lm_head.safetensors: unexpected tensor '0.9.linear.x'"):
         MedusaHeads.from_pretrained(folder)
     save_file({**state, "1.0.linear.bias": torch.zeros(7)}, folder / "medusa_lm_head.safetensors")
     with pytest.raises(ValueError, match=r"tensor '1.0.linear.bias' has shape \(7,\), expected \(32,\)"):

@@ -73,8 +73,10 @@ def draft_run(format: str, folder: str | Path, k: int, name: str | None = None) 
     """A run that serves the exported `folder` (written as `format`) drafting `k` tokens per step."""
     if format not in VLLM_METHODS:
         raise ValueError(f"vLLM serves the formats {', '.join(VLLM_METHODS)}, not {format!r}")
-    return {"name": name or format, "speculative_config": {
-        "method": VLLM_METHODS[format], "model": str(folder), "num_speculative_tokens": k}}
+    local = Path(folder)
+    return {"name": name or format, "speculative_config": {  # the worker runs elsewhere: absolute local paths
+        "method": VLLM_METHODS[format], "model": str(local.resolve() if local.exists() else folder),
+        "num_speculative_tokens": k}}
 
 
 def run_vllm(model: str, prompts: list[list[int]], runs: list[dict], *, max_tokens: int,
