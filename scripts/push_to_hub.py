@@ -1,10 +1,12 @@
-"""Upload trained heads and a generated model card to the Hugging Face Hub.
+"""Upload trained Medusa heads or an EAGLE draft, ready for vLLM, with a generated model card to the Hub.
 
     python scripts/push_to_hub.py --heads runs/smollm2-135m-medusa1/heads --repo-id you/smollm2-135m-medusa1
     python scripts/push_to_hub.py --heads runs/smollm2-135m-medusa1/heads --repo-id you/x --dry-run /tmp/upload
 
-The card (README.md) describes the base model, the training config and data (<run>/train_config.json), the
-per-head held-out accuracy and tree (the heads' config.json) and the measured speed (<run>/bench/results.json).
+Uploaded: the heads' config.json and model.safetensors, train_config.json, vllm/ (the vLLM export the engine
+tests serve; heads vLLM cannot serve get none, and the card says why) and the card (README.md): base model,
+license, training config and data, held-out accuracy, tree, the `vllm serve` command, measured speed
+(<run>/bench/results.json).
 --dry-run DIR writes exactly the files that would be uploaded and uploads nothing. Token: --token, HF_TOKEN
 or `hf auth login`.
 """
@@ -18,7 +20,7 @@ from specheads.heads.hub import DEFAULT_COMMIT_MESSAGE, HubUploadError, push_to_
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--heads", required=True, help="heads folder (specheads format)")
+    parser.add_argument("--heads", required=True, help="Medusa heads or EAGLE draft folder (specheads format)")
     parser.add_argument("--repo-id", required=True, help="e.g. you/smollm2-135m-medusa1")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--revision", default=None, help="branch to upload to (created if missing)")
@@ -26,12 +28,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--message", default=DEFAULT_COMMIT_MESSAGE, help="commit message")
     parser.add_argument("--train-config", default=None, help="default: <run>/train_config.json")
     parser.add_argument("--bench", default=None, help="bench results.json; default: <run>/bench/results.json")
+    parser.add_argument("--model", default=None, help="base model for the vLLM folder (Medusa heads ship its "
+                                                      "lm_head); default: the one the heads name")
     parser.add_argument("--dry-run", default=None, metavar="DIR", help="write the files here, upload nothing")
     args = parser.parse_args(argv)
     try:
         where = push_to_hub(args.heads, args.repo_id, private=args.private, revision=args.revision,
                             token=args.token, dry_run_dir=args.dry_run, commit_message=args.message,
-                            train_config=args.train_config, bench_results=args.bench)
+                            train_config=args.train_config, bench_results=args.bench, model=args.model)
     except (HubUploadError, FileNotFoundError, FileExistsError, ValueError) as err:
         raise SystemExit(f"push_to_hub.py: {err}") from err
     print(f"wrote the upload to {where} (dry run)" if args.dry_run else f"uploaded: {where}")

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from specheads.inference.engines.compare import chat_prompts, compare_with_vllm, first_turns
-from specheads.inference.engines.vllm_engine import VLLM_METHODS, EngineUnavailable, vllm_serve_command
+from specheads.data.models import resolve_model
+from specheads.heads.serving import VLLM_METHODS, vllm_serve_command
+from specheads.inference.engines.vllm_engine import EngineUnavailable
 
 
 def markdown(summary: dict) -> str:
@@ -61,8 +64,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"serve_vllm.py: {err}") from err
     summary = {**comparison.summary(), "heads": args.heads, "model": model, "questions": args.questions,
                "question_count": len(texts), "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-               "serve_command": " ".join(vllm_serve_command(model, args.format, out / "export", args.k,
-                                                            dtype=args.dtype))}
+               "serve_command": shlex.join(vllm_serve_command(resolve_model(model), args.format, out / "export",
+                                                              args.k, dtype=args.dtype))}
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "results.md").write_text(markdown(summary))
     print(markdown(summary))

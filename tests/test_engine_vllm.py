@@ -149,7 +149,7 @@ def test_vllm_serve_starts_answers_and_shuts_down(tmp_path):
     model cards print): it starts, answers one chat request using the draft, and exits cleanly on Ctrl-C."""
     from specheads.data.models import resolve_model
     from specheads.heads.export import export
-    from specheads.inference.engines.vllm_engine import vllm_serve_command
+    from specheads.heads.serving import vllm_serve_command
 
     folder = export("vllm-eagle3", REPO / "heads/trained/smollm2-135m-eagle3", tmp_path / "draft")
     model, port = resolve_model("smollm2-135m-instruct"), free_port()

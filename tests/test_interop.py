@@ -366,13 +366,18 @@ def test_dry_run_writes_exactly_the_upload(tmp_path, run_dir):
                                            "--dry-run", str(tmp_path / "upload")])
     assert out is None
     upload = tmp_path / "upload"
-    assert sorted(p.name for p in upload.iterdir()) == ["README.md", "config.json", "model.safetensors"]
-    assert {k: v for k, v in file_hashes(upload).items() if k != "README.md"} == before
+    assert sorted(p.name for p in upload.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                         "train_config.json"]
+    assert (upload / "train_config.json").read_bytes() == (run_dir / "train_config.json").read_bytes()
+    assert {k: v for k, v in file_hashes(upload).items() if k in before} == before
     assert file_hashes(run_dir / "heads") == before
     card = (upload / "README.md").read_text()
     front = card.split("---\n")[1]
     assert "library_name: specheads" in front and "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in front
     assert "- medusa" in front and "- speculative-decoding" in front
+    assert "license: apache-2.0" in front and "- anon8231489123/ShareGPT_Vicuna_unfiltered" in front
+    # random 32-wide heads cannot take SmolLM2's lm_head: no vllm/ folder, and the card says why
+    assert "vLLM cannot serve these heads as they are: base lm_head weight has shape (49152, 576)" in card
     for text in ["| 2 | 0.250 | 0.500 |", "**1.67**", "[[0], [1], [0, 0]]", "| `train.lr` | `0.01` |",
                  "Dataset `sharegpt`", "| medusa | 1.50 | 30.0 | 1.20x | 1.00 |", 'snapshot_download("me/tiny-medusa")']:
         assert text in card, text
@@ -424,8 +429,42 @@ def test_heads_push_to_hub_method_dry_run(tmp_path, run_dir):
     heads = MedusaHeads.from_pretrained(run_dir / "heads")
     heads.push_to_hub("me/tiny-medusa", dry_run_dir=tmp_path / "upload",
                       train_config=run_dir / "train_config.json", bench_results=run_dir / "bench" / "results.json")
-    assert sorted(p.name for p in (tmp_path / "upload").iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "upload").iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                                       "train_config.json"]
     assert json.loads((tmp_path / "upload" / "config.json").read_text())["tree"] == [[0], [1], [0, 0]]
     assert "| medusa | 1.50 |" in (tmp_path / "upload" / "README.md").read_text()
     reloaded = MedusaHeads.from_pretrained(tmp_path / "upload")
     torch.testing.assert_close(reloaded.state_dict(), heads.state_dict())
+
+
+def test_eagle_draft_dry_run_carries_the_vllm_folder_and_its_serve_command(tmp_path):
+    """EAGLE drafts publish too: our folder, train_config.json, the vllm-eagle3 export the engine tests serve,
+    and a card whose `vllm serve` command is heads.serving's (the one the engine test starts)."""
+    from transformers import LlamaConfig
+
+    from specheads.heads import EagleConfig, EagleDraft
+    from specheads.heads.eagle_export import load_eagle_export
+
+    base = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
+                       num_key_value_heads=2)
+    torch.manual_seed(0)
+    draft = EagleDraft(EagleConfig.for_base(base, "smollm2-135m-instruct", variant="eagle3", draft_vocab_size=40))
+    draft.save_pretrained(tmp_path / "run" / "heads", extra={"eagle_tree": {"top_k": 4, "depth": 3,
+                                                                            "total_tokens": 9}})
+    (tmp_path / "run" / "train_config.json").write_text(json.dumps({"data": {"dataset": "sharegpt"}}))
+    before = file_hashes(tmp_path / "run" / "heads")
+    upload = Path(push_to_hub(tmp_path / "run" / "heads", "me/tiny-eagle3", dry_run_dir=tmp_path / "upload"))
+    assert sorted(str(p.relative_to(upload)) for p in upload.rglob("*") if p.is_file()) == [
+        "README.md", "config.json", "model.safetensors", "train_config.json", "vllm/config.json",
+        "vllm/model.safetensors"]
+    assert file_hashes(tmp_path / "run" / "heads") == before
+    assert json.loads((upload / "vllm" / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    back = load_eagle_export(upload / "vllm")
+    torch.testing.assert_close(back.state_dict()["fc.weight"], draft.state_dict()["fc.weight"], rtol=0, atol=0)
+    card = (upload / "README.md").read_text()
+    for text in ["# EAGLE-3 draft for HuggingFaceTB/SmolLM2-135M-Instruct", "- eagle", "license: apache-2.0",
+                 "huggingface-cli download me/tiny-eagle3 --include 'vllm/*' --local-dir draft",
+                 "vllm serve BASE --dtype bfloat16 --enforce-eager --port 8000 --speculative-config "
+                 """'{"method":"eagle3","model":"draft/vllm","num_speculative_tokens":5}'""",
+                 "top-k 4, depth 3, 9 nodes"]:
+        assert text in card, text

