@@ -154,6 +154,36 @@ def _eagle_tree_section(settings: dict | None) -> list[str]:
             f"{settings.get('depth')}, {settings.get('total_tokens')} nodes, min_prob {settings.get('min_prob', 0)}."]
 
 
+def _eagle_description(config, extra: dict, base_name: str) -> tuple[str, str, str, list[str]]:
+    """(title, tag, what it is, tree section) of an EAGLE draft."""
+    kind = "EAGLE-3" if config.variant == "eagle3" else "EAGLE-1"
+    inputs = (f"the base model's hidden states entering layers {config.aux_layer_ids}" if config.variant == "eagle3"
+              else "the base model's last hidden state")
+    vocabulary = (f"its own lm_head over a draft vocabulary of {config.draft_vocab_size} tokens"
+                  if config.variant == "eagle3" else "the base model's lm_head")
+    what = (f"A one-layer {kind} draft (layer type `{config.layer_config.get('model_type')}`) for speculative "
+            f"decoding with specheads: it reads {inputs} and the next token's embedding, predicts the base's "
+            f"next feature and turns it into tokens with {vocabulary}. Run step by step it grows a tree of "
+            f"guesses; the base model checks the tree in one forward pass and keeps only the tokens it would "
+            f"have chosen itself (greedy, or lossless rejection sampling).")
+    return f"{kind} draft for {base_name}", "eagle", what, _eagle_tree_section(extra.get("eagle_tree"))
+
+
+def _medusa_description(config, extra: dict, base_name: str) -> tuple[str, str, str, list[str]]:
+    """(title, tag, what they are, tree section) of Medusa heads."""
+    layers = f"{config.num_layers} residual block{'s' if config.num_layers != 1 else ''}"
+    projection = ("its own projection to the vocabulary" if config.own_lm_head
+                  else "the base model's lm_head (shared, frozen)")
+    if config.draft_vocab_size:
+        projection += f", over a draft vocabulary of the {config.draft_vocab_size} most frequent answer tokens"
+    what = (f"{config.num_heads} Medusa draft heads for speculative decoding with "
+            f"specheads: each head is {layers} `x + SiLU(Wx + b)` on the base model's last "
+            f"hidden state followed by {projection}. The heads guess the {config.num_heads} tokens after the "
+            f"base model's own next token; the base model checks the guesses in one forward pass and keeps "
+            f"only the tokens it would have chosen itself (greedy, or lossless rejection sampling).")
+    return f"Medusa heads for {base_name}", "medusa", what, _tree_section(extra.get("tree"))
+
+
 def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_config: str | Path | None = None,
                       bench_results: str | Path | None = None, serve: dict | None = None) -> str:
     """README.md text for the heads or EAGLE draft in `heads_dir` (files found next to them unless given);
@@ -166,34 +196,8 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
     base_id = hub_base_model(config.base_model_name_or_path)
     base_name = base_id or config.base_model_name_or_path or "an unnamed base model"
     repo = repo_id or "<repo-id>"
-    if eagle:
-        kind = "EAGLE-3" if config.variant == "eagle3" else "EAGLE-1"
-        title, tag = f"{kind} draft for {base_name}", "eagle"
-        inputs = (f"the base model's hidden states entering layers {config.aux_layer_ids}" if config.variant == "eagle3"
-                  else "the base model's last hidden state")
-        vocabulary = (f"its own lm_head over a draft vocabulary of {config.draft_vocab_size} tokens"
-                      if config.variant == "eagle3" else "the base model's lm_head")
-        what = (f"A one-layer {kind} draft (layer type `{config.layer_config.get('model_type')}`) for speculative "
-                f"decoding with specheads: it reads {inputs} and the next token's embedding, predicts the base's "
-                f"next feature and turns it into tokens with {vocabulary}. Run step by step it grows a tree of "
-                f"guesses; the base model checks the tree in one forward pass and keeps only the tokens it would "
-                f"have chosen itself (greedy, or lossless rejection sampling).")
-        sizes = f"hidden size {config.hidden_size}, vocabulary {config.vocab_size}."
-        tree = _eagle_tree_section(extra.get("eagle_tree"))
-    else:
-        title, tag = f"Medusa heads for {base_name}", "medusa"
-        layers = f"{config.num_layers} residual block{'s' if config.num_layers != 1 else ''}"
-        projection = ("its own projection to the vocabulary" if config.own_lm_head
-                      else "the base model's lm_head (shared, frozen)")
-        if config.draft_vocab_size:
-            projection += f", over a draft vocabulary of the {config.draft_vocab_size} most frequent answer tokens"
-        what = (f"{config.num_heads} Medusa draft heads for speculative decoding with "
-                f"specheads: each head is {layers} `x + SiLU(Wx + b)` on the base model's last "
-                f"hidden state followed by {projection}. The heads guess the {config.num_heads} tokens after the "
-                f"base model's own next token; the base model checks the guesses in one forward pass and keeps "
-                f"only the tokens it would have chosen itself (greedy, or lossless rejection sampling).")
-        sizes = f"hidden size {config.hidden_size}, vocabulary {config.vocab_size}."
-        tree = _tree_section(extra.get("tree"))
+    title, tag, what, tree = (_eagle_description if eagle else _medusa_description)(config, extra, base_name)
+    sizes = f"hidden size {config.hidden_size}, vocabulary {config.vocab_size}."
 
     front = ["---", "library_name: specheads", f"license: {LICENSE}"]
     if base_id:

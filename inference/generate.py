@@ -27,7 +27,7 @@ from .cpu_verify import prepare_cpu_verify
 
 
 def load_draft_heads(directory, base_model):
-    """Medusa heads or an EAGLE draft (ours, or exported for an engine), whichever the folder's config.json says it holds."""
+    """Medusa heads or an EAGLE draft (ours, or exported for an engine), as the folder's config.json says."""
     config_path = Path(directory) / "config.json"
     try:
         raw = json.loads(config_path.read_text())

@@ -43,7 +43,7 @@ class EagleSection:
     cache_features: bool = True  # store the base's hidden states once and reuse them across epochs
     cache_dir: str = ""  # default: <specheads cache>/features
     init_draft: str | None = None  # start from this saved draft (weights and vocabulary mapping), e.g. more epochs or data
-    layer: str | None = None  # draft layer: llama (no attention bias; what engines load) | base; default llama for eagle3
+    layer: str | None = None  # llama (no attention bias: what engines load; eagle3's default) | base (eagle1's)
     fc_bias: bool = False  # eagle1: EAGLE's original fc bias (SGLang loads it; vLLM cannot)
 
     def validate(self):

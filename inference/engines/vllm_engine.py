@@ -76,7 +76,8 @@ def draft_run(format: str, folder: str | Path, k: int, name: str | None = None) 
 
 def run_vllm(model: str, prompts: list[list[int]], runs: list[dict], *, max_tokens: int,
              stop_token_ids: list[int] = (), dtype: str = "bfloat16", batch_size: int = 0,
-             max_model_len: int | None = None, timeout: float = 900, log: str | Path | None = None) -> dict[str, EngineRun]:
+             max_model_len: int | None = None, timeout: float = 900,
+             log: str | Path | None = None) -> dict[str, EngineRun]:
     """Each of `runs` (plain_run / draft_run) over the prompts' token ids, greedy, in one vLLM process.
 
     model: a Hub id, folder or built-in name (built-in names are converted to their safetensors folder
