@@ -68,36 +68,98 @@ def vllm_medusa_config(config: MedusaConfig) -> dict:
     }
 
 
+def full_vocabulary_only(heads: MedusaHeads, engine: str) -> None:
+    """Engines' Medusa formats have no draft vocabulary. Heads that share the base lm_head go out ranking the whole
+    vocabulary (same blocks; a warning says so: the engine may propose tokens the heads never ranked); heads with
+    their own lm_heads over a draft vocabulary hold no rows for the other tokens and are refused."""
+    config = heads.config
+    if not config.draft_vocab_size:
+        return
+    if config.own_lm_head:
+        raise ValueError(f"these heads have their own lm_heads over a draft vocabulary of {config.draft_vocab_size} "
+                         f"tokens; {engine} cannot load a draft vocabulary and needs rows for all "
+                         f"{config.vocab_size} tokens: train them without heads.draft_vocab_size to serve them there")
+    warnings.warn(f"{engine} cannot load a draft vocabulary: the export ranks all {config.vocab_size} tokens, "
+                  f"not the heads' {config.draft_vocab_size}; compare acceptance with scripts/serve_vllm.py",
+                  stacklevel=3)
+
+
+def checked_lm_head(heads: MedusaHeads, base_lm_head: torch.Tensor | None, needed_as: str) -> torch.Tensor:
+    """The base lm_head [V, H] that shared-lm_head heads ship, in the heads' dtype (checked against them)."""
+    expected = (heads.config.vocab_size, heads.config.hidden_size)
+    if base_lm_head is None:
+        raise ValueError(f"these heads share the base lm_head, which the format needs as {needed_as}: "
+                         f"pass the base model (--model) or its lm_head weight")
+    if tuple(base_lm_head.shape) != expected:
+        raise ValueError(f"base lm_head weight has shape {tuple(base_lm_head.shape)}, the heads need "
+                         f"{expected} (vocab_size, hidden_size): wrong base model?")
+    return base_lm_head.to(next((p.dtype for p in heads.parameters()), base_lm_head.dtype))  # not draft_ids'
+
+
+def _own_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # save_file refuses tensors that share memory (a tied lm_head) or are views: give each its own copy.
+    return {name: tensor.detach().cpu().contiguous().clone() for name, tensor in tensors.items()}
+
+
 def vllm_medusa_tensors(heads: MedusaHeads, base_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The tensors of vLLM's Medusa draft model; `base_lm_head` [V, H] is needed for shared-lm_head heads.
 
     vLLM cannot load a draft vocabulary: its Medusa model never reports `token_map` as loaded, so the loader
-    refuses the folder. Heads that share the base lm_head therefore go out ranking the whole vocabulary (their
-    blocks are unchanged; a warning says so, and vLLM may then propose tokens the heads never ranked); heads
-    with their own lm_heads over a draft vocabulary hold no rows for the other tokens and are refused."""
-    if heads.config.draft_vocab_size:
-        if heads.config.own_lm_head:
-            raise ValueError(
-                f"these heads have their own lm_heads over a draft vocabulary of {heads.config.draft_vocab_size} "
-                f"tokens; vLLM's Medusa cannot load a draft vocabulary (token_map) and needs rows for all "
-                f"{heads.config.vocab_size} tokens: train them without heads.draft_vocab_size to serve them in vLLM")
-        warnings.warn(f"vLLM's Medusa cannot load a draft vocabulary (token_map): the export ranks all "
-                      f"{heads.config.vocab_size} tokens, not the heads' {heads.config.draft_vocab_size}; "
-                      f"compare acceptance with scripts/serve_vllm.py", stacklevel=2)
+    refuses the folder (see full_vocabulary_only)."""
+    full_vocabulary_only(heads, "vLLM's Medusa (no token_map)")
     own = heads.state_dict()
     tensors = {theirs: own[ours] for ours, theirs in vllm_medusa_names(heads.config).items()}
     if not heads.config.own_lm_head:
-        expected = (heads.config.vocab_size, heads.config.hidden_size)
-        if base_lm_head is None:
-            raise ValueError("these heads share the base lm_head, which vLLM needs as lm_heads.0.weight: "
-                             "pass the base model (--model) or its lm_head weight")
-        if tuple(base_lm_head.shape) != expected:
-            raise ValueError(f"base lm_head weight has shape {tuple(base_lm_head.shape)}, the heads need "
-                             f"{expected} (vocab_size, hidden_size): wrong base model?")
-        dtype = next((p.dtype for p in heads.parameters()), base_lm_head.dtype)  # the heads' dtype (not draft_ids')
-        tensors["lm_heads.0.weight"] = base_lm_head.to(dtype)
-    # save_file refuses tensors that share memory (a tied lm_head) or are views: give each its own copy.
-    return {name: tensor.detach().cpu().contiguous().clone() for name, tensor in tensors.items()}
+        tensors["lm_heads.0.weight"] = checked_lm_head(heads, base_lm_head, "lm_heads.0.weight")
+    return _own_copies(tensors)
+
+
+# ---- FasterDecoding/Medusa v0.1 (what TGI loads) ------------------------------------------------
+
+FASTER_DECODING_SAFETENSORS = "medusa_lm_head.safetensors"
+
+
+def faster_decoding_tensors(heads: MedusaHeads, base_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """FasterDecoding's state dict of ModuleList[Sequential(ResBlock x L, Linear(H, V))]: `{i}.{j}.linear.*` and
+    every head's own projection `{i}.{L}.weight` (the base lm_head, copied per head, for shared-lm_head heads)."""
+    full_vocabulary_only(heads, "FasterDecoding's Medusa (and TGI)")
+    config, own = heads.config, heads.state_dict()
+    shared = None if config.own_lm_head else checked_lm_head(heads, base_lm_head,
+                                                              f"{{head}}.{config.num_layers}.weight")
+    tensors = {}
+    for i in range(config.num_heads):
+        for j in range(config.num_layers):
+            for kind in ("weight", "bias"):
+                tensors[f"{i}.{j}.linear.{kind}"] = own[f"blocks.{i}.{j}.linear.{kind}"]
+        tensors[f"{i}.{config.num_layers}.weight"] = own[f"lm_heads.{i}.weight"] if config.own_lm_head else shared
+    return _own_copies(tensors)
+
+
+def export_faster_decoding(heads_dir: str | Path, out_dir: str | Path, *, model: str | None = None,
+                           lm_head_weight: torch.Tensor | None = None, overwrite: bool = False) -> Path:
+    """Heads folder -> a FasterDecoding/Medusa v0.1 folder (config.json + medusa_lm_head.safetensors)."""
+    heads = MedusaHeads.from_pretrained(heads_dir)
+    config = heads.config
+    if not config.own_lm_head and lm_head_weight is None:
+        lm_head_weight = base_lm_head_weight(_base_model_of(heads, heads_dir, model))
+    tensors = faster_decoding_tensors(heads, lm_head_weight)
+    out_dir = prepare_out_dir(out_dir, heads_dir, overwrite)
+    from .model_card import hub_base_model
+
+    base = model or config.base_model_name_or_path
+    save_file(tensors, str(out_dir / FASTER_DECODING_SAFETENSORS), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps({
+        "medusa_num_heads": config.num_heads, "medusa_num_layers": config.num_layers,
+        "base_model_name_or_path": hub_base_model(base) or base, "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size}, indent=2) + "\n")
+    return out_dir
+
+
+def _base_model_of(heads: MedusaHeads, heads_dir, model: str | None) -> str:
+    model = model or heads.config.base_model_name_or_path
+    if not model:
+        raise ValueError(f"{heads_dir}: the heads share the base lm_head and name no base model; pass --model")
+    return model
 
 
 def base_lm_head_weight(model: str) -> torch.Tensor:
@@ -113,10 +175,7 @@ def export_vllm_medusa(heads_dir: str | Path, out_dir: str | Path, *, model: str
     """Heads folder -> a vLLM Medusa draft folder (`--speculative-config '{"model": out_dir, ...}'`)."""
     heads = MedusaHeads.from_pretrained(heads_dir)
     if not heads.config.own_lm_head and lm_head_weight is None:
-        model = model or heads.config.base_model_name_or_path
-        if not model:
-            raise ValueError(f"{heads_dir}: the heads share the base lm_head and name no base model; pass --model")
-        lm_head_weight = base_lm_head_weight(model)
+        lm_head_weight = base_lm_head_weight(_base_model_of(heads, heads_dir, model))
     tensors = vllm_medusa_tensors(heads, lm_head_weight)
     out_dir = prepare_out_dir(out_dir, heads_dir, overwrite)
     save_file(tensors, str(out_dir / VLLM_MEDUSA_WEIGHTS), metadata={"format": "pt"})
@@ -185,6 +244,7 @@ def _is_eagle_export(directory: str | Path) -> bool:
 
 FORMATS: dict[str, Callable[..., Path]] = {
     "vllm-medusa": export_vllm_medusa,
+    "faster-decoding": export_faster_decoding,  # FasterDecoding/Medusa v0.1, the layout TGI loads
     "merged": export_merged,  # Medusa-2: the base with its LoRA folded in (out/model) + plain heads (out/heads)
     "specheads": export_specheads,
     **{name: _eagle_converter(name) for name in EAGLE_FORMATS},

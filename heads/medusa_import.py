@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .export import VLLM_MEDUSA_WEIGHTS, vllm_medusa_names
+from .export import FASTER_DECODING_SAFETENSORS, VLLM_MEDUSA_WEIGHTS, vllm_medusa_names
 from .medusa import MODEL_TYPE, MedusaConfig, MedusaHeads, check_compatible, read_json_config
 from .weights import read_pickle_weights_only, read_safetensors, refuse_pickles
 
-FASTER_DECODING_SAFETENSORS = "medusa_lm_head.safetensors"
 FASTER_DECODING_PICKLE = "medusa_lm_head.pt"
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specheads.heads import MedusaConfig, MedusaHeads
-from specheads.heads.export import export_vllm_medusa
+from specheads.heads.export import export, export_vllm_medusa
 from specheads.heads.hub import HubUploadError, push_to_hub
 from specheads.heads.model_card import render_model_card
 from specheads.heads.weights import UnsafeWeightsError
@@ -105,6 +105,8 @@ def test_vllm_medusa_export_of_a_draft_vocabulary(tmp_path, own, base_lm_head):
         with pytest.raises(ValueError, match="own lm_heads over a draft vocabulary of 20 tokens.*token_map"):
             export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
         assert not (tmp_path / "vllm").exists()
+        with pytest.raises(ValueError, match="FasterDecoding's Medusa \\(and TGI\\) cannot load a draft vocabulary"):
+            export("faster-decoding", tmp_path / "heads", tmp_path / "fd")
         return
     with pytest.warns(UserWarning, match="ranks all 100 tokens, not the heads' 20"):
         out = export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
@@ -118,6 +120,33 @@ def test_vllm_medusa_export_of_a_draft_vocabulary(tmp_path, own, base_lm_head):
     with torch.no_grad():  # the same blocks, ranked over the whole vocabulary
         torch.testing.assert_close(back(h, base_lm_head), base_lm_head(torch.stack([b(h) for b in heads.blocks])),
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_faster_decoding_export_is_what_tgi_and_fasterdecoding_read(tmp_path, own, base_lm_head):
+    """--format faster-decoding: config.json (medusa_num_heads/layers) + medusa_lm_head.safetensors with
+    `{head}.{layer}.linear.*` and each head's own `{head}.{L}.weight` (the base lm_head per head when shared),
+    names and shapes written out by hand from REFERENCE §6; read back, the heads compute the same logits."""
+    from specheads.heads.export import export_faster_decoding
+
+    heads = random_heads(own, base="smollm2-135m-instruct")
+    heads.save_pretrained(tmp_path / "heads")
+    out = export_faster_decoding(tmp_path / "heads", tmp_path / "fd", lm_head_weight=base_lm_head.weight)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "medusa_lm_head.safetensors"]
+    assert json.loads((out / "config.json").read_text()) == {
+        "medusa_num_heads": K, "medusa_num_layers": L, "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "hidden_size": H, "vocab_size": V}
+    tensors = load_file(out / "medusa_lm_head.safetensors")
+    expected = {f"{i}.{j}.linear.{kind}": (H, H) if kind == "weight" else (H,)
+                for i in range(K) for j in range(L) for kind in ("weight", "bias")}
+    expected.update({f"{i}.{L}.weight": (V, H) for i in range(K)})
+    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected
+    back = MedusaHeads.from_pretrained(out)
+    assert back.config.own_lm_head and back.extra_config == {"imported_from": "faster-decoding"}
+    h = torch.randn(2, 5, H)
+    exact = {"rtol": 0, "atol": 0} if own else {}  # shared: one matmul for all heads vs one per head
+    with torch.no_grad():
+        torch.testing.assert_close(back(h), heads(h, base_lm_head), **exact)
 
 
 def test_vllm_medusa_export_takes_lm_head_from_the_base_model(tmp_path):
