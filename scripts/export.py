@@ -7,7 +7,9 @@ Formats (specheads.heads.export.FORMATS): merged (Medusa-2 heads: out/model is t
 adapter folded in, out/heads the heads; then `--model out/model --heads out/heads`; the heads folder itself,
 with its adapter/ inside, is the adapter-plus-heads form that chat.py and bench.py load as it is), vllm-medusa (config.json + model.safetensors as vLLM's Medusa draft
 model reads them; heads that share the base lm_head need it, taken from --model, default the base named in
-the heads' config), specheads (any folder MedusaHeads reads, e.g. FasterDecoding/Medusa v0.1 or vLLM Medusa,
+the heads' config; vLLM cannot load a draft vocabulary, so heads with one go out at the full vocabulary),
+faster-decoding (FasterDecoding/Medusa v0.1, the layout TGI loads: config.json + medusa_lm_head.safetensors,
+each head with its own projection), specheads (any folder MedusaHeads reads, e.g. FasterDecoding/Medusa v0.1 or vLLM Medusa,
 into specheads' own format), and the EAGLE formats vllm-eagle, sglang-eagle (EagleDraft folders of variant
 eagle1), vllm-eagle3 (speculators format; --model overrides the verifier it names) and sglang-eagle3 (variant
 eagle3). `--format specheads` also turns an exported EAGLE folder back into an EagleDraft folder.
