@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 from pathlib import Path
 
-from specheads.inference.engines.compare import chat_prompts, compare_with_vllm, first_turns
+from specheads.inference.engines.compare import base_model_of, chat_prompts, compare_with_vllm, first_turns
 from specheads.data.models import resolve_model
 from specheads.heads.serving import VLLM_METHODS, vllm_serve_command
 from specheads.inference.engines.vllm_engine import EngineUnavailable
@@ -33,7 +34,7 @@ def markdown(summary: dict) -> str:
             ("accepted per position, ours", str(s["ours_accepted_per_position"])),
             ("vLLM with draft = vLLM plain (prompts)", f"{s['engine_identity']:.2f}"),
             ("ours = vLLM plain (prompts)", f"{s['ours_identity']:.2f}")]
-    head = f"# {s['format']} in vLLM {s.get('vllm_version', '')}, k={s['k']}, {s['dtype']}\n\n| | |\n|---|---|\n"
+    head = f"# {s['format']} in vLLM, k={s['k']}, {s['dtype']}\n\n| | |\n|---|---|\n"
     return head + "\n".join(f"| {a} | {b} |" for a, b in rows) + f"\n\n`{s['serve_command']}`\n"
 
 
@@ -54,9 +55,9 @@ def main(argv: list[str] | None = None) -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = args.model or json.loads((Path(args.heads) / "config.json").read_text()).get("base_model_name_or_path")
-    texts = first_turns(args.questions, args.max_questions, args.skip_questions)
     try:
+        model = args.model or base_model_of(Path(args.heads))
+        texts = first_turns(args.questions, args.max_questions, args.skip_questions)
         comparison = compare_with_vllm(args.format, args.heads, chat_prompts(model, texts), k=args.k,
                                        max_tokens=args.max_new_tokens, model=model, dtype=args.dtype,
                                        export_dir=out / "export", batch_size=args.batch_size, log=out / "vllm.log")
@@ -66,8 +67,9 @@ def main(argv: list[str] | None = None) -> None:
                "question_count": len(texts), "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
                "serve_command": shlex.join(vllm_serve_command(resolve_model(model), args.format, out / "export",
                                                               args.k, dtype=args.dtype))}
-    (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "results.md").write_text(markdown(summary))
+    for name, text in (("results.json", json.dumps(summary, indent=2) + "\n"), ("results.md", markdown(summary))):
+        (out / f".{name}.tmp").write_text(text)
+        os.replace(out / f".{name}.tmp", out / name)  # a reader never sees half a file
     print(markdown(summary))
 
 

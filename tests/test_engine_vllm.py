@@ -213,3 +213,22 @@ def test_vllm_serve_starts_answers_and_shuts_down(tmp_path):
             server.kill()
             raise AssertionError(f"vllm serve did not stop within 90 s of SIGINT:\n{log_path.read_text()[-3000:]}")
     assert code == 0, f"vllm serve exited with {code} after SIGINT:\n{log_path.read_text()[-3000:]}"
+
+
+def test_serve_vllm_script_writes_the_deployment_figures(tmp_path):
+    """scripts/serve_vllm.py as the README runs it (bf16, fewer questions and tokens): results.json and .md
+    with vLLM's tokens/s with and without the draft and both acceptance lengths."""
+    import sys
+
+    out = tmp_path / "serve"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "serve_vllm.py"), "--format", "vllm-eagle3",
+                           "--heads", str(REPO / "heads/trained/smollm2-135m-eagle3"), "--k", "5",
+                           "--max-questions", "2", "--max-new-tokens", "24", "--out", str(out)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    print(f"\nserve_vllm.py (bf16): {json.dumps({k: v for k, v in results.items() if 'command' not in k})}")
+    assert results["dtype"] == "bfloat16" and results["question_count"] == 2 and results["engine_drafts"] > 0
+    assert results["plain_tokens_per_s"] > 0 and results["draft_tokens_per_s"] > 0
+    assert results["engine_acceptance_length"] > 1.0 and results["ours_acceptance_length"] > 1.0
+    assert "--speculative-config" in results["serve_command"] and (out / "results.md").is_file()

@@ -6,7 +6,7 @@
 
 Our side decodes the *exported folder read back* (what the engine loads), with the chain the engine drafts
 (`chain.py`), in the same dtype; vLLM runs plain greedy and the draft in one process. `scripts/serve_vllm.py`
-is the command line (deployment figures); tests/engines/ holds the tests built on it.
+is the command line (deployment figures); tests/test_engine_vllm.py holds the tests built on it.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def compare_with_vllm(format: str, heads_dir: str | Path, prompts: list[list[int
     model: the base (default the one the heads name); stop_token_ids: default the base's EOS ids."""
     from specheads.heads.export import export
 
-    model = model or _base_of(Path(heads_dir))
+    model = model or base_model_of(Path(heads_dir))
     with tempfile.TemporaryDirectory(prefix="specheads-export-") as tmp:
         folder = Path(export_dir or Path(tmp) / format)
         export(format, heads_dir, folder, model=model, overwrite=export_dir is not None)
@@ -111,8 +111,8 @@ def compare_with_vllm(format: str, heads_dir: str | Path, prompts: list[list[int
     return Comparison(format, k, dtype, runs["plain"], runs[format], ours)
 
 
-def _base_of(heads_dir: Path) -> str:
-    """The base model a heads folder names."""
+def base_model_of(heads_dir: Path) -> str:
+    """The base model a heads folder names (its config.json's base_model_name_or_path)."""
     name = json.loads((heads_dir / "config.json").read_text()).get("base_model_name_or_path")
     if not name:
         raise ValueError(f"{heads_dir / 'config.json'} names no base model: pass model=")
