@@ -18,6 +18,7 @@ On disk: `config.json` + `model.safetensors` (see `save_pretrained`).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -249,6 +250,20 @@ def read_json_config(directory: str | Path, what: str = "Medusa heads") -> tuple
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return path, raw
+
+
+def update_config(directory: str | Path, fields: dict, what: str = "Medusa heads") -> Path:
+    """Set `fields` in a heads folder's config.json through a temporary file and os.replace: a crash or a full
+    disk leaves the old file whole, never a torn one."""
+    path, config = read_json_config(directory, what)
+    config.update(fields)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(config, indent=2) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def read_typed_config(directory: str | Path, model_type: str, config_class, what: str = "Medusa heads"):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from specheads.data.models import load_base_model, load_tokenizer
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.heads import MedusaHeads
 from specheads.heads.joint import load_adapted_base
-from specheads.heads.medusa import CONFIG_NAME
+from specheads.heads.medusa import update_config
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.kv_cache import cache_argument_name
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
@@ -117,13 +116,7 @@ def step_costs(base, heads, budgets, prefix_length: int, repeats: int = 7) -> tu
 
 def write_tree(heads_dir: Path, tree, selection: dict) -> None:
     """Update config.json atomically: a crash never leaves the heads without a readable config."""
-    path = heads_dir / CONFIG_NAME
-    config = json.loads(path.read_text())
-    config["tree"] = [list(p) for p in tree]
-    config["tree_selection"] = selection
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, path)
+    update_config(heads_dir, {"tree": [list(p) for p in tree], "tree_selection": selection})
 
 
 def main(argv=None) -> dict:
@@ -198,7 +191,7 @@ def main(argv=None) -> dict:
                  "chosen_by": chosen_by, "timed_prompts": args.timed_prompts, "timed_tokens": args.timed_tokens}
     if not args.dry_run:
         write_tree(heads_dir, tree, selection)
-        print(f"tree written to {heads_dir / CONFIG_NAME}")
+        print(f"tree written to {heads_dir / 'config.json'}")
     return {"tree": tree, **selection}
 
 

@@ -49,18 +49,21 @@ def parse_args(argv=None):
 
 
 def completed_ids(path: Path) -> set[str]:
-    """Ids already written; a torn last line (the process was killed mid-write) is cut off."""
+    """Ids already written. Only a torn last line (no newline: the process was killed mid-write) is cut off;
+    any other line that is not a record with an "id" stops the run with the file and line named, and the file
+    is left as it was."""
     if not path.exists():
         return set()
     data = path.read_bytes()
     good_end, done = 0, set()
-    for line in data.splitlines(keepends=True):
+    for number, line in enumerate(data.splitlines(keepends=True), 1):
         if not line.endswith(b"\n"):
-            break
+            break  # the torn tail
         try:
             done.add(json.loads(line)["id"])
-        except (json.JSONDecodeError, KeyError):
-            break
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}, line {number}: not a record with an \"id\" ({type(err).__name__}: {err}); "
+                             f"fix or remove that line, nothing was changed") from err
         good_end += len(line)
     if good_end < len(data):
         with open(path, "r+b") as f:
@@ -89,6 +92,11 @@ def generate_batch(model, tokenizer, histories: list[list[dict]], args, eos) -> 
 
 def main(argv=None):
     args = parse_args(argv)
+    out = Path(args.out)
+    try:  # before any model loads: a damaged file stops the run at once
+        done = completed_ids(out)
+    except ValueError as err:
+        raise SystemExit(f"self_distill.py: {err}") from err
     torch.manual_seed(args.seed)
     conversations = load_conversations(args.dataset)
     if args.split != "all":
@@ -110,9 +118,7 @@ def main(argv=None):
             todo.append((prompt_length, conversation.id, system, users))
         if args.limit is not None and len(todo) >= args.limit:
             break
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = completed_ids(out)
     # Batches of similar prompt length waste little on padding.
     pending = [item[1:] for item in sorted(todo, key=lambda item: item[0]) if item[1] not in done]
     print(f"{len(todo)} conversations selected, {len(todo) - len(pending)} already written, {len(pending)} to go")

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from specheads.data.models import load_base_model, load_tokenizer
+from specheads.heads.medusa import update_config
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.eagle import EagleCandidates, check_tree_settings
 from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads
@@ -95,11 +96,8 @@ def main(argv=None) -> dict:
     chosen = {key: best[key] for key in SHAPE_KEYS}
     print(f"fastest: {chosen}")
     if not args.dry_run:
-        path = Path(args.heads) / "config.json"
-        config = json.loads(path.read_text())
-        config["eagle_tree"] = chosen
-        config["eagle_tree_measurements"] = {"plain_tokens_per_s": plain_speed, "candidates": measured}
-        path.write_text(json.dumps(config, indent=2) + "\n")
+        path = update_config(args.heads, {"eagle_tree": chosen, "eagle_tree_measurements": {
+            "plain_tokens_per_s": plain_speed, "candidates": measured}}, what="EAGLE draft")
         print(f"stored in {path}")
     return chosen
 

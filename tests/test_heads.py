@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from specheads.heads import MedusaConfig, MedusaHeads, check_compatible
+from specheads.heads.medusa import update_config
 
 
 def make_heads(own_lm_head=False, hidden=16, vocab=50, num_heads=3, num_layers=2):
@@ -168,3 +169,26 @@ def test_trained_heads_restricted_to_a_draft_vocabulary(own):
         torch.testing.assert_close(restricted(h, lm_head), heads(h, lm_head)[..., ids])
     with pytest.raises(ValueError, match="already have a draft vocabulary of 4 tokens"):
         restricted.with_draft_vocabulary(ids)
+
+
+def test_update_config_on_a_full_disk_leaves_the_old_file_whole(tmp_path):
+    """scripts/tune_eagle_tree.py and build_tree.py store what they chose in the heads' config.json. Written in
+    place, a full disk left a 4,096-byte invalid file (issue 33, item 2); through update_config (temp file +
+    os.replace) the old file stays as it was and no temporary file is left behind."""
+    import subprocess
+    import sys
+
+    heads = MedusaHeads(MedusaConfig(num_heads=2, num_layers=1, hidden_size=8, vocab_size=16))
+    heads.save_pretrained(tmp_path / "heads")
+    before = (tmp_path / "heads" / "config.json").read_bytes()
+    code = ("import resource, signal, sys\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+            "from specheads.heads.medusa import update_config\n"
+            "update_config(sys.argv[1], {'eagle_tree_measurements': 'x' * 100000})\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "heads")], capture_output=True, text=True)
+    assert result.returncode != 0 and "File too large" in result.stderr, result.stderr[-2000:]
+    assert (tmp_path / "heads" / "config.json").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "heads").iterdir()) == ["config.json", "model.safetensors"]
+    update_config(tmp_path / "heads", {"tree": [[0]]})
+    assert MedusaHeads.read_config(tmp_path / "heads")[1]["tree"] == [[0]]

@@ -59,3 +59,18 @@ def test_self_distill_resumes_after_sigkill(tmp_path, tiny_llama_dir):
     from specheads.data.sharegpt import load_conversations
 
     assert len(load_conversations(str(out))) == 7
+
+
+def test_a_damaged_line_inside_the_output_stops_the_run_and_changes_nothing(tmp_path):
+    """Only a torn last line (no newline) may be dropped on resume. A line without "id" in the middle used to cut
+    the file back to the lines before it, without a word, exit 0 (issue 33, item 1)."""
+    out = tmp_path / "answers.jsonl"
+    out.write_text('{"id": "a", "conversations": []}\n{"conversations": []}\n{"id": "c", "conversations": []}\n')
+    before = out.read_bytes()
+    result = run(["--out", str(out), "--dataset", str(tmp_path / "never-read.jsonl")])
+    assert result.returncode != 0
+    assert f"self_distill.py: {out}, line 2: not a record with an \"id\"" in result.stderr
+    assert out.read_bytes() == before
+    out.write_bytes(b'{"id": "a"}\n\xff\xfe\n')
+    result = run(["--out", str(out), "--dataset", str(tmp_path / "never-read.jsonl")])
+    assert result.returncode != 0 and "line 2: not a record" in result.stderr and out.read_bytes() == b'{"id": "a"}\n\xff\xfe\n'
