@@ -125,7 +125,8 @@ def _training_section(train_config: dict | None, eagle: bool) -> list[str]:
 
 
 def _serve_section(serve: dict | None) -> list[str]:
-    """serve: {"format", "k", "command"} of the engine-ready folder `vllm/` in this repository, or {"refused"}."""
+    """serve: {"format", "k", "command", "notes"} of the engine-ready folder `vllm/` in this repository (notes: what
+    the export warned of, e.g. a dropped draft vocabulary), or {"refused": why}."""
     if not serve:
         return ["No vLLM folder was written with these heads."]
     if "refused" in serve:
@@ -134,7 +135,8 @@ def _serve_section(serve: dict | None) -> list[str]:
             f"specheads' engine tests. Download it and start the server (BASE: the base model's Hub id or folder):",
             "", "```bash", f"huggingface-cli download {serve['repo']} --include 'vllm/*' --local-dir draft",
             serve["command"], "```", "",
-            f"vLLM drafts a chain: the top-1 token at each of {serve['k']} steps."]
+            f"vLLM drafts a chain: the top-1 token at each of {serve['k']} steps.",
+            *(f"Note: {note}" for note in serve.get("notes", ()))]
 
 
 def _data_section(train_config: dict | None) -> list[str]:

@@ -497,3 +497,23 @@ def test_eagle_draft_dry_run_carries_the_vllm_folder_and_its_serve_command(tmp_p
                  """'{"method":"eagle3","model":"draft/vllm","num_speculative_tokens":5}'""",
                  "top-k 4, depth 3, 9 nodes"]:
         assert text in card, text
+
+
+def test_medusa_dry_run_with_a_draft_vocabulary_ships_vllm_folder_and_says_what_changed(tmp_path):
+    """Heads with a draft vocabulary on a base that fits them: vllm/ is written (full vocabulary, the base's lm_head
+    as lm_heads.0) and the card notes the dropped draft vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(2)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False))
+    base.save_pretrained(tmp_path / "base")
+    heads = MedusaHeads(MedusaConfig(num_heads=K, num_layers=1, hidden_size=H, vocab_size=V, draft_vocab_size=20,
+                                     base_model_name_or_path=str(tmp_path / "base")))
+    heads.save_pretrained(tmp_path / "heads")
+    upload = Path(push_to_hub(tmp_path / "heads", "me/tiny", dry_run_dir=tmp_path / "upload"))
+    tensors = load_file(upload / "vllm" / "model.safetensors")
+    torch.testing.assert_close(tensors["lm_heads.0.weight"], base.lm_head.weight)
+    card = (upload / "README.md").read_text()
+    assert '"method":"medusa","model":"draft/vllm","num_speculative_tokens":3' in card
+    assert "Note: vLLM's Medusa (no token_map) cannot load a draft vocabulary: the export ranks all 100 tokens" in card
