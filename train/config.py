@@ -1,8 +1,8 @@
 """Typed, validated training configs.
 
 A config is a tree of dataclasses loaded from YAML, plus `section.key=value` overrides from
-the command line. Every key must exist and every value must have the declared type; a
-mistake is an error that names the key and the file it came from.
+the command line. Every key must exist, once, and every value must have the declared type; a
+mistake is an error that names the key and the file it came from (and the line, for a repeated key).
 """
 
 from __future__ import annotations
@@ -99,6 +99,28 @@ def _apply_override(tree: dict, override: str, source: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
 
 
+def _check_unique_keys(node, source: str, where: str = "", seen: set | None = None) -> None:
+    """Raise ConfigError at the first key a YAML mapping repeats (PyYAML keeps the last one silently)."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node already checked (or of itself)
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key != "<<":
+                name = f"{where}.{key}" if where else key
+                line = key_node.start_mark.line + 1
+                if key in first_line:
+                    raise ConfigError(f"{source}: line {line}: duplicate key {name!r} (first at line {first_line[key]})")
+                first_line[key] = line
+            _check_unique_keys(value_node, source, f"{where}.{key}" if where else str(key), seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_unique_keys(item, source, f"{where}[{i}]", seen)
+
+
 def load_config(cls, path: str | Path | None, overrides: list[str] = ()):
     """Read YAML at `path` into dataclass `cls`, apply `section.key=value` overrides, validate."""
     tree = {}
@@ -108,7 +130,9 @@ def load_config(cls, path: str | Path | None, overrides: list[str] = ()):
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            tree = yaml.safe_load(path.read_text()) or {}
+            text = path.read_text()
+            _check_unique_keys(yaml.compose(text, Loader=yaml.SafeLoader), str(path))
+            tree = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
     for override in overrides:
