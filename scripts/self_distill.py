@@ -98,7 +98,10 @@ def main(argv=None):
     except ValueError as err:
         raise SystemExit(f"self_distill.py: {err}") from err
     torch.manual_seed(args.seed)
-    conversations = load_conversations(args.dataset)
+    try:  # also before any model loads; a damaged data file is named with its line
+        conversations = load_conversations(args.dataset)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"self_distill.py: --dataset: {err}") from err
     if args.split != "all":
         train, heldout = split_heldout(conversations, args.heldout_size, args.split_seed)
         conversations = train if args.split == "train" else heldout
