@@ -25,7 +25,8 @@ from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.features import FeatureSource, feature_cache_dir
 from specheads.train.losses import mix_greedy_target, soft_cross_entropy, unrolled_step_mask
-from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
+from specheads.train.loop import (DataSection, DraftTask, ModelSection, TrainSection, check_finite, heldout_batches,
+                                  train_main)
 from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
 
 
@@ -55,6 +56,9 @@ class EagleSection:
             raise ValueError(f"eagle.layer must be llama or base, got {self.layer!r}")
         if not 0.0 <= self.greedy_target_weight <= 1.0:
             raise ValueError(f"eagle.greedy_target_weight must be in [0, 1], got {self.greedy_target_weight}")
+        if self.draft_vocab_size < 0:
+            raise ValueError(f"eagle.draft_vocab_size must be >= 0, got {self.draft_vocab_size}")
+        check_finite("eagle", self, ("feature_loss_weight", "token_loss_weight", "input_noise"), inclusive=True)
 
 
 @dataclass

@@ -48,6 +48,20 @@ class DataSection:
     def validate(self):
         if self.max_length < 8:
             raise ValueError(f"data.max_length must be >= 8, got {self.max_length}")
+        if self.heldout_size < 1:
+            raise ValueError(f"data.heldout_size must be >= 1, got {self.heldout_size}")
+        for name in ("max_train_conversations", "max_heldout_eval"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"data.{name} must be >= 1 (or null: all), got {getattr(self, name)}")
+
+
+def check_finite(section: str, obj, names, minimum: float = 0.0, inclusive: bool = False) -> None:
+    """ValueError naming `section.name` unless each value is a finite number > minimum (>= with inclusive)."""
+    for name in names:
+        value = getattr(obj, name)
+        if not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
+            raise ValueError(f"{section}.{name} must be a finite number {'>=' if inclusive else '>'} {minimum:g}, "
+                             f"got {value}")
 
 
 @dataclass
@@ -68,18 +82,31 @@ class TrainSection:
     log_every: int = 10
     eval_every: int = 0  # 0: only at the end
     save_every: int = 100
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # 0: keep all
 
     def validate(self):
+        if not self.output_dir.strip():
+            raise ValueError(f"train.output_dir must name a folder, got {self.output_dir!r}")
         if self.mixed_precision not in ("auto", "bf16", "fp16", "no"):
             raise ValueError(f"train.mixed_precision must be auto, bf16, fp16 or no, got {self.mixed_precision!r}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"train.max_steps must be >= 1 (or null: train.epochs decides), got {self.max_steps}")
+        check_finite("train", self, ("lr", "epochs", "head_loss_decay"))
+        check_finite("train", self, ("weight_decay",), inclusive=True)
+        if self.max_grad_norm is not None and not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"train.max_grad_norm must be a finite number > 0 (or null), got {self.max_grad_norm}")
         for name in ("batch_size", "grad_accum", "log_every", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name, note in (("eval_every", ""), ("keep_checkpoints", " (0 keeps all)")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0{note}, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:  # numpy's seed range (accelerate's set_seed seeds numpy too)
+            raise ValueError(f"train.seed must be in [0, 2**32), got {self.seed}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.adam_betas is not None and len(self.adam_betas) != 2:
-            raise ValueError(f"train.adam_betas must hold two numbers, got {self.adam_betas}")
+        if self.adam_betas is not None and (len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas)):
+            raise ValueError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
 
 
 class Task(Protocol):

@@ -41,6 +41,10 @@ class HeadsSection:
     cache_dir: str = ""  # default: <specheads cache>/features
 
     def validate(self):
+        if self.num_heads < 1:
+            raise ValueError(f"heads.num_heads must be >= 1, got {self.num_heads}")
+        if self.num_layers < 0:
+            raise ValueError(f"heads.num_layers must be >= 0, got {self.num_layers}")
         if self.loss_chunk < 0:
             raise ValueError(f"heads.loss_chunk must be >= 0, got {self.loss_chunk}")
         if self.draft_vocab_size < 0:
