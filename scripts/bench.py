@@ -113,17 +113,53 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def check_question(q, where: str) -> dict:
+    """One question as bench.py answers it; a ValueError naming `where` (file:line) and the field otherwise."""
+    if not isinstance(q, dict):
+        raise ValueError(f"{where}: not a JSON object (a {type(q).__name__}); each line is one "
+                         "{\"question_id\", \"category\", \"turns\"} object")
+    for key in ("question_id", "category", "turns"):
+        if key not in q:
+            raise ValueError(f"{where}: question lacks field {key!r}")
+    if isinstance(q["question_id"], bool) or not isinstance(q["question_id"], (str, int)):
+        raise ValueError(f"{where}: field 'question_id' must be a string or an integer, got {q['question_id']!r}")
+    if not isinstance(q["category"], str):
+        raise ValueError(f"{where}: field 'category' must be a string, got {q['category']!r}")
+    turns = q["turns"]
+    if isinstance(turns, str):
+        raise ValueError(f"{where}: field 'turns' must be a list of strings, got a string (write [\"...\"])")
+    if not isinstance(turns, list):
+        raise ValueError(f"{where}: field 'turns' must be a list of strings, got {turns!r}")
+    if not turns:
+        raise ValueError(f"{where}: field 'turns' is empty; a question needs at least one turn")
+    for i, turn in enumerate(turns, 1):
+        if not isinstance(turn, str):
+            raise ValueError(f"{where}: field 'turns': turn {i} must be a string, got {turn!r}")
+        if not turn.strip():
+            raise ValueError(f"{where}: field 'turns': turn {i} is empty")
+    return q
+
+
 def load_questions(path, limit=None, skip=0) -> list[dict]:
+    """The questions of a JSONL file, every line checked first: a ValueError names the file, line and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
     questions = []
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            where = f"{path}:{line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{where}: not UTF-8 text") from None
             if not line.strip():
                 continue
-            q = json.loads(line)
-            for key in ("question_id", "category", "turns"):
-                if key not in q:
-                    raise ValueError(f"{path}:{line_no}: question lacks {key!r}")
-            questions.append(q)
+            try:
+                q = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err.msg.removesuffix(' at')} at column {err.colno})") from None
+            questions.append(check_question(q, where))
     if skip >= len(questions):
         raise ValueError(f"{path}: --skip-questions {skip} leaves none of its {len(questions)} questions")
     return questions[skip:][:limit]
@@ -487,6 +523,10 @@ def main(argv=None):
             raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
     if any(m.startswith("medusa") for m in methods) and not args.heads:
         raise SystemExit("--methods medusa/medusa_pld need --heads DIR")
+    try:  # before any model loads: a bad questions file stops the run at once
+        questions = load_questions(args.questions, args.max_questions, args.skip_questions)
+    except ValueError as err:
+        raise SystemExit(f"--questions: {err}") from err
     tokenizer = load_tokenizer(args.model)
     model = load_base_model(args.model, args.dtype)
     heads = {}
@@ -498,7 +538,6 @@ def main(argv=None):
             methods = [n for m in methods for n in (heads if m == "medusa" else [m])]
         methods += [own_baseline(m) for m, (target, _) in heads.items()
                     if target is not model and m in methods]
-    questions = load_questions(args.questions, args.max_questions, args.skip_questions)
     if "baseline" not in methods:
         methods = ["baseline"] + methods  # speedup is always against HF greedy in the same run
     eagle_drafts = load_eagle_drafts(args, methods, model)

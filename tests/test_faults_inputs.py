@@ -1,0 +1,191 @@
+"""Issue 33, bad input files: bench questions and training data stop with one line naming the file, line and field.
+
+Each bad file is fed to the real entry point as a user would run it (a subprocess from the repository root) and
+must end with a non-zero exit, one line on stderr that names the culprit, no traceback, and every file that was
+there before left byte for byte as it was. Questions are checked before any model loads (the tests pass a model
+path that does not exist: reaching it would be a different error).
+"""
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specheads.data import sharegpt
+from specheads.data.sharegpt import load_conversations
+
+from conftest import synthetic_sharegpt, write_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def snapshot(*roots) -> dict[str, str]:
+    """sha256 of every file under these folders (or of these files)."""
+    hashes = {}
+    for root in map(Path, roots):
+        for path in ([root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())):
+            hashes[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashes
+
+
+def run_script(script: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True, cwd=REPO,
+                          timeout=300)
+
+
+def assert_one_line_error(result, *names):
+    """Non-zero exit, no traceback, a single stderr line naming every one of `names`."""
+    assert result.returncode != 0, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for name in names:
+        assert str(name) in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def raised(call, *args) -> BaseException:
+    """The exception call(*args) raises (pytest.fail when it returns)."""
+    try:
+        call(*args)
+    except Exception as err:  # noqa: BLE001 - the type is what the test checks
+        return err
+    pytest.fail(f"{call.__name__}{args} raised nothing")
+
+
+def assert_data_error(err, prefix, *words):
+    """A DataFileError whose single-line message starts with `prefix` (file:line:) and holds `words`."""
+    assert isinstance(err, sharegpt.DataFileError), f"{type(err).__name__}: {err}"
+    message = str(err)
+    assert message.startswith(prefix) and "\n" not in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_under_test", REPO / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GOOD_QUESTION = {"question_id": "q0", "category": "qa", "turns": ["Hello", "And then?"]}
+
+# (what is wrong, the bad line, the words the error must hold besides file and line)
+BAD_QUESTIONS = {
+    "string turns": ({"question_id": "q1", "category": "qa", "turns": "Hello"}, ["'turns'", "list"]),
+    "empty turns": ({"question_id": "q1", "category": "qa", "turns": []}, ["'turns'", "empty"]),
+    "broken line": ('{"question_id": "q1", "category": "qa", "turns": ["Hel', ["JSON"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_QUESTIONS))
+def test_bench_questions_are_checked_before_the_model_loads(tmp_path, case):
+    line, words = BAD_QUESTIONS[case]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps(GOOD_QUESTION) + "\n" + (line if isinstance(line, str) else json.dumps(line)) + "\n")
+    before = snapshot(tmp_path)
+    result = run_script("scripts/bench.py", "--model", tmp_path / "no-such-model", "--methods", "baseline,plain",
+                        "--questions", questions, "--out", tmp_path / "out")
+    assert_one_line_error(result, f"{questions}:2:", *words)
+    assert snapshot(tmp_path) == before  # nothing written, nothing changed
+
+
+@pytest.mark.parametrize("line, words", [
+    ('[1, 2]', ["not a JSON object"]),
+    ({"category": "qa", "turns": ["hi"]}, ["'question_id'"]),
+    ({"question_id": ["x"], "category": "qa", "turns": ["hi"]}, ["'question_id'"]),
+    ({"question_id": "q", "turns": ["hi"]}, ["'category'"]),
+    ({"question_id": "q", "category": 3, "turns": ["hi"]}, ["'category'"]),
+    ({"question_id": "q", "category": "qa", "turns": ["hi", 3]}, ["'turns'", "turn 2"]),
+    ({"question_id": "q", "category": "qa", "turns": ["hi", "  "]}, ["'turns'", "turn 2", "empty"]),
+    ({"question_id": "q", "category": "qa", "turns": None}, ["'turns'"]),
+])
+def test_bench_questions_name_line_and_field(tmp_path, line, words):
+    bench = load_bench()
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps(GOOD_QUESTION) + "\n\n" + (line if isinstance(line, str) else json.dumps(line)) + "\n")
+    with pytest.raises(ValueError) as err:
+        bench.load_questions(questions)
+    message = str(err.value)
+    assert message.startswith(f"{questions}:3: ") and "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_bench_questions_file_not_utf8_or_missing(tmp_path):
+    bench = load_bench()
+    questions = tmp_path / "q.jsonl"
+    questions.write_bytes(json.dumps(GOOD_QUESTION).encode() + b"\n" + b'{"question_id": "\xff"}\n')
+    with pytest.raises(ValueError, match=f"^{questions}:2: not UTF-8"):
+        bench.load_questions(questions)
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'gone.jsonl'}: no such file"):
+        bench.load_questions(tmp_path / "gone.jsonl")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(GOOD_QUESTION) + "\n" + json.dumps({**GOOD_QUESTION, "question_id": 7}) + "\n")
+    assert [q["question_id"] for q in bench.load_questions(good)] == ["q0", 7]
+
+
+def test_committed_questions_pass_the_checks():
+    bench = load_bench()
+    assert len(bench.load_questions(REPO / "data" / "questions" / "sharegpt-dev.jsonl")) == 40
+
+
+# ---- training data (data/sharegpt.py) ----
+
+def test_data_line_that_is_not_an_object(tmp_path):
+    path = tmp_path / "d.jsonl"
+    write_jsonl(path, synthetic_sharegpt(2))
+    with open(path, "a") as f:
+        f.write('["not", "a", "record"]\n')
+    assert_data_error(raised(load_conversations, str(path)), f"{path}:3: ", "not a JSON object")
+    array = tmp_path / "d.json"
+    array.write_text("[\n" + json.dumps(synthetic_sharegpt(1)[0]) + ",\n  42\n]\n")
+    assert_data_error(raised(load_conversations, str(array)), f"{array}:3: ", "not a JSON object")
+
+
+def test_data_not_utf8(tmp_path):
+    path = tmp_path / "d.jsonl"
+    write_jsonl(path, synthetic_sharegpt(2))
+    with open(path, "ab") as f:
+        f.write(b'{"id": "x", "conversations": [{"from": "human", "value": "caf\xe9"}]}\n')
+    assert_data_error(raised(load_conversations, str(path)), f"{path}:3: ", "not UTF-8")
+    array = tmp_path / "d.json"
+    array.write_bytes(b'[\n{"id": "x", "conversations": [{"from": "human", "value": "caf\xe9"}]}\n]\n')
+    assert_data_error(raised(load_conversations, str(array)), f"{array}:2: ", "not UTF-8")
+
+
+@pytest.mark.parametrize("name", ["gone.jsonl", "gone.json", "gone.JSONL"])
+def test_data_missing_file(tmp_path, name):
+    err = raised(load_conversations, str(tmp_path / name))
+    assert_data_error(err, f"{tmp_path / name}: ", "no such file")
+    assert isinstance(err, FileNotFoundError)  # still what callers catching FileNotFoundError expect
+
+
+@pytest.mark.parametrize("name", ["X.JSONL", "X.Json"])
+def test_data_suffix_in_any_case(tmp_path, name):
+    records = synthetic_sharegpt(3)
+    if name.lower().endswith(".jsonl"):
+        write_jsonl(tmp_path / name, records)
+    else:
+        (tmp_path / name).write_text(json.dumps(records))
+    assert [c.id for c in load_conversations(str(tmp_path / name))] == ["c0", "c1", "c2"]
+
+
+def test_data_error_through_an_entry_point(tmp_path):
+    """self_distill.py reads the data before its model: a bad line is one line on stderr, the output untouched."""
+    data = tmp_path / "d.jsonl"
+    write_jsonl(data, synthetic_sharegpt(2))
+    with open(data, "a") as f:
+        f.write("42\n")
+    out = tmp_path / "out.jsonl"
+    write_jsonl(out, synthetic_sharegpt(1))  # a previous run's output: must stay as it is
+    before = snapshot(tmp_path)
+    result = run_script("scripts/self_distill.py", "--model", tmp_path / "no-such-model", "--dataset", data,
+                        "--out", out)
+    assert_one_line_error(result, f"{data}:3:", "not a JSON object")
+    assert snapshot(tmp_path) == before
