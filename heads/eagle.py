@@ -20,21 +20,17 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .medusa import read_typed_config, size_mismatches
+from .files import EAGLE_MODEL_TYPE, WEIGHTS_NAME, read_typed_config, size_mismatches, write_folder
 from .weights import read_folder_safetensors
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-MODEL_TYPE = "specheads-eagle"
+MODEL_TYPE = EAGLE_MODEL_TYPE
 VARIANTS = ("eagle1", "eagle3")
 
 
@@ -240,14 +236,10 @@ class EagleDraft(nn.Module):
 
     def save_pretrained(self, directory: str | Path, extra: dict | None = None, state_dict: dict | None = None) -> None:
         """config.json + model.safetensors; state_dict: weights gathered across ranks (ZeRO-3), default own."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         state = {name: tensor.detach().contiguous().cpu()
                  for name, tensor in (self.state_dict() if state_dict is None else state_dict).items()
                  if not name.startswith("rotary_emb.")}
-        save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
-        config = {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}
-        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        write_folder(directory, {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}, state)
 
     @staticmethod
     def read_config(directory: str | Path) -> tuple[EagleConfig, dict]:

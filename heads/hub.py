@@ -16,10 +16,12 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from .eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
 from .eagle import EagleDraft
-from .export import FORMATS, prepare_out_dir
-from .medusa import CONFIG_NAME, WEIGHTS_NAME, MedusaHeads, read_json_config
+from .export import EXPORTS
+from .files import CONFIG_NAME, EAGLE_MODEL_TYPE, MEDUSA_MODEL_TYPE, WEIGHTS_NAME
+from .formats.common import prepare_out_dir
+from .loading import folder_kind
+from .medusa import MedusaHeads
 from .model_card import find_train_config, render_model_card
 from .serving import VLLM_FORMAT, vllm_serve_command
 
@@ -48,10 +50,11 @@ def hub_offline() -> bool:
 
 def load_draft(heads_dir: Path):
     """Medusa heads or an EAGLE draft in specheads' format, loaded (never publish weights that do not load)."""
-    if read_json_config(heads_dir)[1].get("model_type") == EAGLE_MODEL_TYPE:
-        return EagleDraft.from_pretrained(heads_dir)
-    MedusaHeads.read_config(heads_dir)  # our format only: foreign folders go through scripts/export.py first
-    return MedusaHeads.from_pretrained(heads_dir)
+    kind = folder_kind(heads_dir)
+    if kind not in (MEDUSA_MODEL_TYPE, EAGLE_MODEL_TYPE):
+        raise ValueError(f"{heads_dir} is a {kind!r} folder: push specheads folders (scripts/export.py --format "
+                         f"specheads converts it)")
+    return (EagleDraft if kind == EAGLE_MODEL_TYPE else MedusaHeads).from_pretrained(heads_dir)
 
 
 def write_engine_folder(heads_dir: Path, draft, target: Path, model: str | None = None) -> dict:
@@ -62,7 +65,7 @@ def write_engine_folder(heads_dir: Path, draft, target: Path, model: str | None 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            FORMATS[format](heads_dir, target, model=model)
+            EXPORTS[format](heads_dir, target, model=model)
     except (ValueError, FileNotFoundError, OSError) as err:
         shutil.rmtree(target, ignore_errors=True)
         return {"refused": str(err)}
@@ -90,17 +93,25 @@ def stage(heads_dir: Path, target: Path, card: str, link: bool, train_config: Pa
     return staged + [target / "README.md"]
 
 
-def push_to_hub(heads_dir: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
+def push_to_hub(heads: str | Path | MedusaHeads | EagleDraft, repo_id: str, private: bool = False,
+                revision: str | None = None,
                 token: str | None = None, dry_run_dir: str | Path | None = None,
                 commit_message: str = DEFAULT_COMMIT_MESSAGE, train_config: str | Path | None = None,
                 bench_results: str | Path | None = None, model: str | None = None) -> str:
-    """Upload `heads_dir` (Medusa heads or an EAGLE draft, specheads format) with its training config, the
+    """Upload `heads` (a folder of Medusa heads or an EAGLE draft in specheads' format, or such a module in
+    memory, saved to a temporary folder first) with its training config, the
     engine-ready folder `vllm/` (scripts/export.py's vLLM format for it; `model` is the base it needs, default
     the one the heads name) and a model card to `repo_id`; returns the commit URL.
 
     With `dry_run_dir`, write the files that would be uploaded there instead and return that folder.
     `train_config` / `bench_results` default to the run's files next to the heads (see model_card)."""
-    heads_dir = Path(heads_dir)
+    if isinstance(heads, (MedusaHeads, EagleDraft)):
+        with tempfile.TemporaryDirectory(prefix="specheads-heads-") as tmp:
+            heads.save_pretrained(tmp, extra=getattr(heads, "extra_config", None))
+            return push_to_hub(tmp, repo_id, private=private, revision=revision, token=token,
+                               dry_run_dir=dry_run_dir, commit_message=commit_message, train_config=train_config,
+                               bench_results=bench_results, model=model)
+    heads_dir = Path(heads)
     draft = load_draft(heads_dir)
     train_config = Path(train_config) if train_config else find_train_config(heads_dir)
 

@@ -7,8 +7,8 @@ A Medusa-2 heads folder is a normal heads folder plus the adapter inside it:
     heads/model.safetensors      the heads
     heads/adapter/               peft's adapter_config.json + adapter_model.safetensors
 
-`load_adapted_base` folds that adapter into the base (merge_and_unload: no LoRA cost per step), and
-`export_merged` writes the other form: a full merged base model folder beside a plain heads folder.
+`load_adapted_base` folds that adapter into the base (merge_and_unload: no LoRA cost per step);
+heads/formats/merged.py writes the other form: a full merged base model folder beside a plain heads folder.
 Decoding stays lossless with respect to the adapted model it verifies with.
 """
 
@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .medusa import MedusaHeads, read_json_config
+from .files import read_json_config
+from .medusa import MedusaHeads
 
 ADAPTER_DIR = "adapter"
 
@@ -126,26 +127,3 @@ def load_adapted_base(base_model, heads_dir: str | Path):
         raise ValueError(f"cannot apply the LoRA adapter {adapter} to {base_model.name_or_path}: {err}") from err
     return adapted.merge_and_unload().eval()
 
-
-def export_merged(heads_dir: str | Path, out_dir: str | Path, *, model: str | None = None, overwrite: bool = False,
-                  dtype: str = "auto") -> Path:
-    """Write out/model (the base with the adapter folded in, safetensors, with its tokenizer) and out/heads
-    (plain heads whose base_model_name_or_path is that folder). model: the base (default: the heads' own)."""
-    from specheads.data.models import load_base_model, load_tokenizer
-
-    from .export import prepare_out_dir
-
-    if adapter_of(heads_dir) is None:
-        raise ValueError(f"{heads_dir} holds plain heads (no LoRA adapter): nothing to merge")
-    heads = MedusaHeads.from_pretrained(heads_dir)
-    base_name = model or heads.config.base_model_name_or_path
-    out = prepare_out_dir(out_dir, heads_dir, overwrite)
-    merged = load_adapted_base(load_base_model(base_name, dtype), heads_dir)
-    model_dir, heads_out = out / "model", out / "heads"
-    merged.save_pretrained(model_dir, safe_serialization=True)
-    load_tokenizer(base_name).save_pretrained(model_dir)
-    _, config = read_json_config(heads_dir)
-    extra = {k: v for k, v in config.items() if k not in ("adapter", "model_type") and k not in vars(heads.config)}
-    heads.config.base_model_name_or_path = str(model_dir.resolve())
-    heads.save_pretrained(heads_out, extra=extra)
-    return out

@@ -17,20 +17,19 @@ On disk: `config.json` + `model.safetensors` (see `save_pretrained`).
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
+from .files import CONFIG_NAME, MEDUSA_MODEL_TYPE, WEIGHTS_NAME, read_json_config, read_typed_config, \
+    size_mismatches, update_config, write_folder
 from .weights import read_folder_safetensors
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-MODEL_TYPE = "specheads-medusa"
+MODEL_TYPE = MEDUSA_MODEL_TYPE
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "MODEL_TYPE", "MedusaConfig", "MedusaHeads", "ResidualBlock",
+           "check_compatible", "read_json_config", "update_config"]
 
 
 @dataclass
@@ -190,13 +189,9 @@ class MedusaHeads(nn.Module):
         """Write config.json (+ `extra` fields such as a tree) and model.safetensors.
 
         state_dict: the weights gathered across ranks (DeepSpeed ZeRO-3); default this module's own."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         state = {name: tensor.detach().contiguous().cpu()
                  for name, tensor in (self.state_dict() if state_dict is None else state_dict).items()}
-        save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
-        config = {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}
-        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        write_folder(directory, {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}, state)
 
     @staticmethod
     def read_config(directory: str | Path) -> tuple[MedusaConfig, dict]:
@@ -205,13 +200,9 @@ class MedusaHeads(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "MedusaHeads":
-        """Load heads; with `base_model`, first check they fit it (hidden size, vocabulary).
+        """Load heads in specheads' format; with `base_model`, first check they fit it (hidden size, vocabulary).
 
-        Also reads FasterDecoding/Medusa v0.1 and vLLM Medusa folders (see `medusa_import`)."""
-        if _model_type(directory) != MODEL_TYPE:  # FasterDecoding / vLLM Medusa folders load too
-            from .medusa_import import import_foreign
-
-            return import_foreign(directory, base_model=base_model)
+        Folders in other formats (FasterDecoding/Medusa v0.1, vLLM Medusa) load with `heads.load_heads`."""
         config, extra = cls.read_config(directory)
         if base_model is not None:
             check_compatible(config, base_model.config, source=str(directory))
@@ -227,65 +218,6 @@ class MedusaHeads(nn.Module):
         heads.extra_config = extra
         return heads
 
-    def push_to_hub(self, repo_id: str, **options):
-        """Save to a temporary folder and upload it with a model card (see `specheads.heads.hub`)."""
-        import tempfile
-
-        from .hub import push_to_hub
-
-        with tempfile.TemporaryDirectory(prefix="specheads-heads-") as tmp:
-            self.save_pretrained(tmp, extra=getattr(self, "extra_config", None))
-            return push_to_hub(tmp, repo_id, **options)
-
-
-def read_json_config(directory: str | Path, what: str = "Medusa heads") -> tuple[Path, dict]:
-    """(path, contents) of a heads folder's config.json, with errors that name the file."""
-    path = Path(directory) / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"no {what} at {directory}: {CONFIG_NAME} is missing")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return path, raw
-
-
-def update_config(directory: str | Path, fields: dict, what: str = "Medusa heads") -> Path:
-    """Set `fields` in a heads folder's config.json through a temporary file and os.replace: a crash or a full
-    disk leaves the old file whole, never a torn one."""
-    path, config = read_json_config(directory, what)
-    config.update(fields)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(config, indent=2) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def read_typed_config(directory: str | Path, model_type: str, config_class, what: str = "Medusa heads"):
-    """config.json -> (config_class of its known fields, the other fields such as a tree); errors name the file."""
-    path, raw = read_json_config(directory, what)
-    if raw.get("model_type") != model_type:
-        raise ValueError(f"{path}: model_type is {raw.get('model_type')!r}, expected {model_type!r}")
-    known = {f.name for f in fields(config_class)}
-    try:
-        config = config_class(**{k: v for k, v in raw.items() if k in known})
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path}: {err}") from err
-    return config, {k: v for k, v in raw.items() if k not in known and k != "model_type"}
-
-
-def _model_type(directory: str | Path):
-    """config.json's model_type; an unreadable file counts as ours so that read_config says what is wrong."""
-    try:
-        return json.loads((Path(directory) / CONFIG_NAME).read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return MODEL_TYPE
-
 
 def check_compatible(config: MedusaConfig, base_config, source: str = "heads") -> None:
     """Heads trained for one base are meaningless on another: refuse a size or vocabulary mismatch."""
@@ -293,8 +225,3 @@ def check_compatible(config: MedusaConfig, base_config, source: str = "heads") -
     if problems:
         raise ValueError(f"{source} do not fit this base model: " + "; ".join(problems))
 
-
-def size_mismatches(config, base_config, who: str) -> list[str]:
-    """What does not fit between a draft's config and its base's: hidden size and vocabulary."""
-    return [f"{name} {getattr(config, name)} ({who}) != {getattr(base_config, name)} (base)"
-            for name in ("hidden_size", "vocab_size") if getattr(config, name) != getattr(base_config, name)]

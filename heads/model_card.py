@@ -9,27 +9,16 @@ the held-out accuracy and tree stored in config.json, and `<run>/bench/results.j
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-from .eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
 from .eagle import EagleDraft
-from .medusa import MedusaHeads, read_json_config
+from .files import EAGLE_MODEL_TYPE
+from .formats.common import HUB_ID, hub_base_model
+from .loading import folder_kind
+from .medusa import MedusaHeads
 
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 LICENSE = "apache-2.0"  # the heads are specheads' training output; the base model keeps its own license
 SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # the built-in `sharegpt` and answers to its prompts
-
-
-def hub_base_model(name: str) -> str | None:
-    """The Hub id of the base (built-in names map to their upstream id); None for a local folder."""
-    from specheads.data.models import BUILTIN_MODELS
-
-    if name in BUILTIN_MODELS:
-        return BUILTIN_MODELS[name].upstream_id
-    if HUB_ID.fullmatch(name or "") and not Path(name).exists():
-        return name
-    return None
 
 
 def _read_json(path: Path | None) -> dict | None:
@@ -191,7 +180,7 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
     """README.md text for the heads or EAGLE draft in `heads_dir` (files found next to them unless given);
     `serve` describes the engine-ready folder uploaded beside them (see _serve_section)."""
     heads_dir = Path(heads_dir)
-    eagle = read_json_config(heads_dir)[1].get("model_type") == EAGLE_MODEL_TYPE
+    eagle = folder_kind(heads_dir) == EAGLE_MODEL_TYPE
     config, extra = (EagleDraft if eagle else MedusaHeads).read_config(heads_dir)
     train = _read_json(Path(train_config) if train_config else find_train_config(heads_dir))
     bench = _read_json(Path(bench_results) if bench_results else find_bench_results(heads_dir))

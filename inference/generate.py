@@ -8,36 +8,18 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from specheads.data.models import load_base_model, load_tokenizer
-from specheads.heads import EagleDraft, MedusaHeads
-from specheads.heads.eagle import MODEL_TYPE as EAGLE_MODEL_TYPE
-from specheads.heads.eagle_export import detect_format, load_eagle_export
+from specheads.heads import EagleDraft, load_heads
 from specheads.heads.joint import load_adapted_base
 
 from .candidates import PromptLookupCandidates, lookup_with_heads
 from .decoder import DecodeStats, SamplingConfig, TreeDecoder
 from .eagle import EagleCandidates
 from .cpu_verify import prepare_cpu_verify
-
-
-def load_draft_heads(directory, base_model):
-    """Medusa heads or an EAGLE draft (ours, or exported for an engine), as the folder's config.json says."""
-    config_path = Path(directory) / "config.json"
-    try:
-        raw = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read draft heads config {config_path}: {err}") from err
-    if raw.get("model_type") == EAGLE_MODEL_TYPE:
-        return EagleDraft.from_pretrained(directory, base_model=base_model)
-    if detect_format(raw):  # an EAGLE draft exported for vLLM / SGLang
-        return load_eagle_export(directory)
-    return MedusaHeads.from_pretrained(directory, base_model=base_model)
 
 
 def eagle_tree_options(top_k: int | None = None, depth: int | None = None, total_tokens: int | None = None,
@@ -144,7 +126,7 @@ class SpeculativeGenerator:
         base = load_base_model(model, dtype, device)
         if heads:  # Medusa-2 heads carry the LoRA adapter they were trained with: fold it into the base
             base = load_adapted_base(base, heads)
-        draft = load_draft_heads(heads, base) if heads else None
+        draft = load_heads(heads, base) if heads else None
         prepare_cpu_verify(base, draft, enabled=cpu_tuning)
         return cls(base, load_tokenizer(model), draft, tree, eagle_tree, prompt_lookup)
 

@@ -46,14 +46,15 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
-from specheads.heads import MedusaHeads
+from specheads.heads import load_heads
+from specheads.heads.loading import load_medusa_heads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.inference.batched import BatchedTreeDecoder, left_pad
 from specheads.inference.candidates import (FallbackCandidates, MedusaCandidates, MergedCandidates,
                                             PromptLookupCandidates, lookup_with_heads)
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_candidates, eagle_tree_options, eos_token_ids,
-                                          load_draft_heads, make_decoder)
+                                          make_decoder)
 from specheads.inference.lookahead import LookaheadCandidates
 from specheads.inference.cpu_verify import (add_untuned_cpu_argument, cpu_verify_settings, prepare_cpu_verify,
                                             stock_linears)
@@ -403,7 +404,7 @@ def load_eagle_drafts(args, methods, model) -> dict:
         raise SystemExit(f"--methods {','.join(wanted)} need --eagle-heads DIR[,DIR]")
     by_variant = {}
     for directory in args.eagle_heads.split(","):
-        draft = load_draft_heads(directory, model)
+        draft = load_heads(directory, model)
         if not hasattr(draft, "draft_to_target"):
             raise SystemExit(f"--eagle-heads: {directory} holds Medusa heads, not an EAGLE draft")
         by_variant[draft.config.variant] = draft
@@ -533,7 +534,7 @@ def main(argv=None):
     if any(m.startswith("medusa") for m in methods):
         for method, directory in parse_heads_sets(args.heads).items():
             target = load_adapted_base(load_base_model(args.model, args.dtype), directory) if adapter_of(directory) else model
-            heads[method] = (target, MedusaHeads.from_pretrained(directory, base_model=target))
+            heads[method] = (target, load_medusa_heads(directory, base_model=target))
         if "medusa" in methods and "medusa" not in heads:  # `medusa` stands for every named set
             methods = [n for m in methods for n in (heads if m == "medusa" else [m])]
         methods += [own_baseline(m) for m, (target, _) in heads.items()

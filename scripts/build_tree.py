@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.heads import MedusaHeads
+from specheads.heads.files import update_config
 from specheads.heads.joint import load_adapted_base
-from specheads.heads.medusa import update_config
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.kv_cache import cache_argument_name
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify

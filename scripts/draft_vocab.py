@@ -23,8 +23,8 @@ import torch
 
 from specheads.data.models import load_tokenizer
 from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
-from specheads.heads import MedusaHeads
 from specheads.heads.joint import adapter_of
+from specheads.heads.loading import load_medusa_heads
 from specheads.train.config import load_config
 from specheads.train.loop import load_examples
 from specheads.train.medusa import MedusaTrainConfig
@@ -60,7 +60,7 @@ def main(argv=None) -> dict:
     config_path = Path(args.config) if args.config else heads_dir.parent / "train_config.json"
     if adapter_of(heads_dir) is not None:
         raise SystemExit(f"{heads_dir}: Medusa-2 heads (with a LoRA adapter) cannot take a draft vocabulary")
-    heads = MedusaHeads.from_pretrained(heads_dir)
+    heads = load_medusa_heads(heads_dir)
     if heads.config.draft_vocab_size:
         if heads.config.draft_vocab_size != args.size:
             raise SystemExit(f"{heads_dir}: the heads already have a draft vocabulary of "

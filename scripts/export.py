@@ -3,7 +3,7 @@
     python scripts/export.py --format vllm-medusa --heads runs/smollm2-135m-medusa1/heads --out exports/vllm-medusa
     python scripts/export.py --format specheads --heads medusa-vicuna-7b-v1.3 --out heads/vicuna   # import
 
-Formats (specheads.heads.export.FORMATS): merged (Medusa-2 heads: out/model is the base with their LoRA
+Formats (specheads.heads.export.EXPORTS; one module per format in heads/formats/): merged (Medusa-2 heads: out/model is the base with their LoRA
 adapter folded in, out/heads the heads; then `--model out/model --heads out/heads`; the heads folder itself,
 with its adapter/ inside, is the adapter-plus-heads form that chat.py and bench.py load as it is), vllm-medusa (config.json + model.safetensors as vLLM's Medusa draft
 model reads them; heads that share the base lm_head need it, taken from --model, default the base named in
@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 
-from specheads.heads.export import FORMATS, export
+from specheads.heads.export import EXPORTS, export
 from specheads.heads.weights import UnsafeWeightsError
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--format", required=True, choices=sorted(FORMATS))
+    parser.add_argument("--format", required=True, choices=sorted(EXPORTS))
     parser.add_argument("--heads", required=True, help="heads folder to convert")
     parser.add_argument("--out", required=True, help="output folder (created; must be empty unless --overwrite)")
     parser.add_argument("--model", default=None, help="base model (Hub id, folder or built-in name) where the "

@@ -15,7 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads.joint import load_adapted_base
-from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads, make_decoder
+from specheads.heads import load_heads
+from specheads.inference.generate import chat_input_ids, eos_token_ids, make_decoder
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
 
 
@@ -33,7 +34,7 @@ def main(argv=None):
 
     tokenizer = load_tokenizer(args.model)
     model = load_adapted_base(load_base_model(args.model, args.dtype), args.heads)
-    heads = load_draft_heads(args.heads, model)
+    heads = load_heads(args.heads, model)
     prepare_cpu_verify(model, heads, enabled=not args.untuned_cpu)
     decoder = make_decoder(model, heads)
     eos = eos_token_ids(model, tokenizer)

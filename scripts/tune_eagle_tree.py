@@ -16,10 +16,11 @@ import json
 from pathlib import Path
 
 from specheads.data.models import load_base_model, load_tokenizer
-from specheads.heads.medusa import update_config
+from specheads.heads.files import update_config
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.eagle import EagleCandidates, check_tree_settings
-from specheads.inference.generate import chat_input_ids, eos_token_ids, load_draft_heads
+from specheads.heads import load_heads
+from specheads.inference.generate import chat_input_ids, eos_token_ids
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
 from specheads.inference.timing import interleaved_speeds
 
@@ -71,7 +72,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     model = load_base_model(args.model, args.dtype)
     tokenizer = load_tokenizer(args.model)
-    draft = load_draft_heads(args.heads, model)
+    draft = load_heads(args.heads, model)
     if not hasattr(draft, "draft_to_target"):
         raise SystemExit(f"{args.heads} holds Medusa heads: use scripts/build_tree.py for those")
     prepare_cpu_verify(model, draft, enabled=not args.untuned_cpu)

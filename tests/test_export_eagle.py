@@ -11,14 +11,20 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
+from specheads.heads import load_heads
 from specheads.heads.eagle import EagleConfig, EagleDraft
-from specheads.heads.eagle_export import export_eagle, load_eagle_export
-from specheads.heads.export import FORMATS, export
+from specheads.heads.export import export
+from specheads.heads.formats import FORMATS
 
 REPO = Path(__file__).resolve().parents[1]
 H, V, I, DV, LAYERS = 32, 100, 64, 40, 8
 BASES = {"llama": LlamaConfig, "qwen2": Qwen2Config}
 VARIANT = {"vllm-eagle": "eagle1", "sglang-eagle": "eagle1", "vllm-eagle3": "eagle3", "sglang-eagle3": "eagle3"}
+
+
+def export_eagle(format, draft):
+    """(config.json, tensors) of `draft` in an EAGLE `format` (heads.formats)."""
+    return FORMATS[format].convert(draft)
 
 
 def export_main(argv):
@@ -155,7 +161,7 @@ def test_eagle_export_names_shapes_config_and_round_trip(tmp_path, kind, format)
             # SGLang reads its id k as the stream entering layer k + 1: ids one less read the trained layers
             assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
 
-    back = load_eagle_export(out)  # the format is recognised from config.json
+    back = load_heads(out)  # the format is recognised from config.json
     assert back.extra_config == {"imported_from": format}
     assert (back.config.variant, back.config.hidden_size, back.config.vocab_size, back.config.draft_vocab_size,
             back.config.aux_layer_ids, back.config.base_model_name_or_path) == (
@@ -181,23 +187,23 @@ def test_eagle_export_refusals(tmp_path):
     draft = random_draft("llama", "eagle1")
     draft.save_pretrained(tmp_path / "heads")
     with pytest.raises(ValueError, match="heads folder itself"):
-        FORMATS["vllm-eagle"](tmp_path / "heads", tmp_path / "heads")
+        export("vllm-eagle", tmp_path / "heads", tmp_path / "heads")
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="busy is not empty"):
-        FORMATS["sglang-eagle"](tmp_path / "heads", tmp_path / "busy")
+        export("sglang-eagle", tmp_path / "heads", tmp_path / "busy")
 
-    out = FORMATS["vllm-eagle"](tmp_path / "heads", tmp_path / "out", model="me/base")
+    out = export("vllm-eagle", tmp_path / "heads", tmp_path / "out", model="me/base")
     assert json.loads((out / "config.json").read_text())["base_model_name_or_path"] == "me/base"
     tensors = load_file(out / "model.safetensors")
     from safetensors.torch import save_file
 
     save_file({**tensors, "layers.0.self_attn.o_proj.bias": torch.zeros(H)}, out / "model.safetensors")
     with pytest.raises(ValueError, match=r"unexpected tensors \['layers.0.self_attn.o_proj.bias'\]"):
-        load_eagle_export(out)
+        load_heads(out)
     save_file({**tensors, "fc.weight": torch.zeros(H, 3 * H)}, out / "model.safetensors")
     with pytest.raises(ValueError, match=r"tensor fc.weight has shape \(32, 96\), expected \(32, 64\)"):
-        load_eagle_export(out)
+        load_heads(out)
 
     # a layer a Llama-style EAGLE layer cannot hold (Qwen3's q_norm/k_norm) is refused, not dropped
     qwen3 = random_draft("qwen3", "eagle1", config_class=Qwen3Config)
@@ -215,7 +221,7 @@ def test_fc_bias_goes_to_sglang_and_is_refused_for_vllm(tmp_path):
     assert config["bias"] is True and torch.equal(tensors["fc.bias"], draft.fc.bias.detach())
     draft.save_pretrained(tmp_path / "heads")
     export("sglang-eagle", tmp_path / "heads", tmp_path / "sglang")
-    same_outputs(draft.eval(), load_eagle_export(tmp_path / "sglang").eval())
+    same_outputs(draft.eval(), load_heads(tmp_path / "sglang").eval())
     with torch.no_grad():
         draft.fc.bias.zero_()
     config, tensors = export_eagle("vllm-eagle", draft)
@@ -250,7 +256,7 @@ def test_sglang_aux_ids_read_the_trained_layers(tmp_path):
     config = json.loads((out / "config.json").read_text())
     del config["specheads"]  # as SGLang's own checkpoints are
     (out / "config.json").write_text(json.dumps(config))
-    assert load_eagle_export(out).config.aux_layer_ids == [2, 4, 5]
+    assert load_heads(out).config.aux_layer_ids == [2, 4, 5]
 
 
 def test_export_states_the_dtype_of_its_tensors(tmp_path):

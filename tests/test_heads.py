@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from specheads.heads import MedusaConfig, MedusaHeads, check_compatible
-from specheads.heads.medusa import update_config
+from specheads.heads.files import update_config
 
 
 def make_heads(own_lm_head=False, hidden=16, vocab=50, num_heads=3, num_layers=2):
@@ -184,7 +184,7 @@ def test_update_config_on_a_full_disk_leaves_the_old_file_whole(tmp_path):
     code = ("import resource, signal, sys\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
-            "from specheads.heads.medusa import update_config\n"
+            "from specheads.heads.files import update_config\n"
             "update_config(sys.argv[1], {'eagle_tree_measurements': 'x' * 100000})\n")
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "heads")], capture_output=True, text=True)
     assert result.returncode != 0 and "File too large" in result.stderr, result.stderr[-2000:]

@@ -13,7 +13,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specheads.heads import MedusaConfig, MedusaHeads
-from specheads.heads.export import export, export_vllm_medusa
+from specheads.heads.export import export
+from specheads.heads.formats import faster_decoding, vllm_medusa
+from specheads.heads.loading import load_medusa_heads
 from specheads.heads.hub import HubUploadError, push_to_hub
 from specheads.heads.model_card import render_model_card
 from specheads.heads.weights import UnsafeWeightsError
@@ -66,7 +68,7 @@ def reference_logits(h, blocks, lm_heads):
 def test_vllm_medusa_export_names_shapes_config_and_round_trip(tmp_path, own, base_lm_head):
     heads = random_heads(own)
     heads.save_pretrained(tmp_path / "heads", extra={"tree": [[0]]})
-    out = export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
+    out = vllm_medusa.export(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
 
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text()) == {
@@ -82,7 +84,7 @@ def test_vllm_medusa_export_names_shapes_config_and_round_trip(tmp_path, own, ba
     torch.testing.assert_close(tensors["lm_heads.0.weight"],
                                heads.lm_heads[0].weight if own else base_lm_head.weight)
 
-    back = MedusaHeads.from_pretrained(out)  # recognised as a vLLM Medusa folder
+    back = load_medusa_heads(out)  # recognised as a vLLM Medusa folder
     assert back.config.own_lm_head is own and back.extra_config == {"imported_from": "vllm-medusa"}
     h = torch.randn(2, 5, H)
     with torch.no_grad():
@@ -103,18 +105,18 @@ def test_vllm_medusa_export_of_a_draft_vocabulary(tmp_path, own, base_lm_head):
     heads.save_pretrained(tmp_path / "heads")
     if own:
         with pytest.raises(ValueError, match="own lm_heads over a draft vocabulary of 20 tokens.*token_map"):
-            export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
+            vllm_medusa.export(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
         assert not (tmp_path / "vllm").exists()
         with pytest.raises(ValueError, match="FasterDecoding's Medusa \\(and TGI\\) cannot load a draft vocabulary"):
             export("faster-decoding", tmp_path / "heads", tmp_path / "fd")
         return
     with pytest.warns(UserWarning, match="ranks all 100 tokens, not the heads' 20"):
-        out = export_vllm_medusa(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
+        out = vllm_medusa.export(tmp_path / "heads", tmp_path / "vllm", lm_head_weight=base_lm_head.weight)
     assert json.loads((out / "config.json").read_text())["truncated_vocab_size"] == V
     tensors = load_file(out / "model.safetensors")
     assert "token_map" not in tensors and tuple(tensors["lm_heads.0.weight"].shape) == (V, H)
     torch.testing.assert_close(tensors["lm_heads.0.weight"], base_lm_head.weight)
-    back = MedusaHeads.from_pretrained(out)
+    back = load_medusa_heads(out)
     assert back.config.draft_vocab_size == 0
     h = torch.randn(2, H)
     with torch.no_grad():  # the same blocks, ranked over the whole vocabulary
@@ -127,11 +129,9 @@ def test_faster_decoding_export_is_what_tgi_and_fasterdecoding_read(tmp_path, ow
     """--format faster-decoding: config.json (medusa_num_heads/layers) + medusa_lm_head.safetensors with
     `{head}.{layer}.linear.*` and each head's own `{head}.{L}.weight` (the base lm_head per head when shared),
     names and shapes written out by hand from REFERENCE §6; read back, the heads compute the same logits."""
-    from specheads.heads.export import export_faster_decoding
-
     heads = random_heads(own, base="smollm2-135m-instruct")
     heads.save_pretrained(tmp_path / "heads")
-    out = export_faster_decoding(tmp_path / "heads", tmp_path / "fd", lm_head_weight=base_lm_head.weight)
+    out = faster_decoding.export(tmp_path / "heads", tmp_path / "fd", lm_head_weight=base_lm_head.weight)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "medusa_lm_head.safetensors"]
     assert json.loads((out / "config.json").read_text()) == {
         "medusa_num_heads": K, "medusa_num_layers": L, "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -141,7 +141,7 @@ def test_faster_decoding_export_is_what_tgi_and_fasterdecoding_read(tmp_path, ow
                 for i in range(K) for j in range(L) for kind in ("weight", "bias")}
     expected.update({f"{i}.{L}.weight": (V, H) for i in range(K)})
     assert {name: tuple(t.shape) for name, t in tensors.items()} == expected
-    back = MedusaHeads.from_pretrained(out)
+    back = load_medusa_heads(out)
     assert back.config.own_lm_head and back.extra_config == {"imported_from": "faster-decoding"}
     h = torch.randn(2, 5, H)
     exact = {"rtol": 0, "atol": 0} if own else {}  # shared: one matmul for all heads vs one per head
@@ -169,13 +169,13 @@ def test_export_refusals(tmp_path, base_lm_head):
     with pytest.raises(SystemExit, match="share the base lm_head.*--model"):
         export(["--format", "vllm-medusa", "--heads", str(tmp_path / "heads"), "--out", str(tmp_path / "o")])
     with pytest.raises(ValueError, match="heads folder itself"):
-        export_vllm_medusa(tmp_path / "heads", tmp_path / "heads", lm_head_weight=base_lm_head.weight)
+        vllm_medusa.export(tmp_path / "heads", tmp_path / "heads", lm_head_weight=base_lm_head.weight)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="busy is not empty"):
-        export_vllm_medusa(tmp_path / "heads", tmp_path / "busy", lm_head_weight=base_lm_head.weight)
+        vllm_medusa.export(tmp_path / "heads", tmp_path / "busy", lm_head_weight=base_lm_head.weight)
     with pytest.raises(ValueError, match=r"shape \(100, 16\).*\(100, 32\)"):
-        export_vllm_medusa(tmp_path / "heads", tmp_path / "o", lm_head_weight=torch.zeros(V, 16))
+        vllm_medusa.export(tmp_path / "heads", tmp_path / "o", lm_head_weight=torch.zeros(V, 16))
     for fmt in ("vllm-eagle", "sglang-eagle", "vllm-eagle3", "sglang-eagle3"):
         with pytest.raises(SystemExit, match="EAGLE heads"):
             export(["--format", fmt, "--heads", str(tmp_path / "heads"), "--out", str(tmp_path / "o")])
@@ -192,20 +192,20 @@ def test_vllm_medusa_import_without_bias_and_refusals(tmp_path):
     tensors = {f"blocks.{i}.layers.0.weight": heads.blocks[i][0].linear.weight.detach() for i in range(K)}
     tensors.update({f"lm_heads.{i}.weight": heads.lm_heads[i].weight.detach() for i in range(K)})
     save_file(tensors, folder / "model.safetensors")
-    back = MedusaHeads.from_pretrained(folder)
+    back = load_medusa_heads(folder)
     assert all(not block[0].linear.bias.any() for block in back.blocks)
     torch.testing.assert_close(back.blocks[1][0].linear.weight, heads.blocks[1][0].linear.weight)
 
     save_file({**tensors, "blocks.0.layers.7.weight": torch.zeros(H, H)}, folder / "model.safetensors")
     with pytest.raises(ValueError, match=r"model.safetensors: unexpected tensors blocks.0.layers.7.weight"):
-        MedusaHeads.from_pretrained(folder)
+        load_medusa_heads(folder)
     save_file(tensors, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({**config, "truncated_vocab_size": 50}))
     with pytest.raises(ValueError, match="model.safetensors: truncated_vocab_size 50 < vocab_size needs a token_map"):
-        MedusaHeads.from_pretrained(folder)
+        load_medusa_heads(folder)
     (folder / "config.json").write_text(json.dumps({**config, "truncated_vocab_size": V + 1}))
     with pytest.raises(ValueError, match="config.json: MedusaConfig.draft_vocab_size .* exceeds vocab_size"):
-        MedusaHeads.from_pretrained(folder)
+        load_medusa_heads(folder)
 
 
 # ---- FasterDecoding/Medusa v0.1 ---------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_faster_decoding_import_matches_hand_computed_heads(tmp_path, suffix, ow
     class Base:
         config = type("C", (), {"hidden_size": H, "vocab_size": V})()
 
-    heads = MedusaHeads.from_pretrained(tmp_path / "fd", base_model=None if own else Base())
+    heads = load_medusa_heads(tmp_path / "fd", base_model=None if own else Base())
     assert (heads.config.num_heads, heads.config.num_layers, heads.config.hidden_size, heads.config.vocab_size,
             heads.config.own_lm_head) == (K, L, H, V, own)
     assert heads.config.base_model_name_or_path == "lmsys/vicuna-7b-v1.3"
@@ -257,13 +257,13 @@ def test_faster_decoding_shared_layout_takes_vocab_from_config_or_base_config(tm
     from transformers import LlamaConfig
 
     write_faster_decoding(tmp_path / "a", own=False, suffix="safetensors", vocab_in_config=True)
-    assert MedusaHeads.from_pretrained(tmp_path / "a").config.vocab_size == V
+    assert load_medusa_heads(tmp_path / "a").config.vocab_size == V
     LlamaConfig(vocab_size=V, hidden_size=H).save_pretrained(tmp_path / "base")
     write_faster_decoding(tmp_path / "b", own=False, suffix="safetensors", base=str(tmp_path / "base"))
-    assert MedusaHeads.from_pretrained(tmp_path / "b").config.vocab_size == V
+    assert load_medusa_heads(tmp_path / "b").config.vocab_size == V
     write_faster_decoding(tmp_path / "c", own=False, suffix="safetensors", base=str(tmp_path / "no-base"))
     with pytest.raises(ValueError, match="config.json: these heads share the base lm_head.*no-base"):
-        MedusaHeads.from_pretrained(tmp_path / "c")  # no base config to read: say what is needed
+        load_medusa_heads(tmp_path / "c")  # no base config to read: say what is needed
 
 
 def test_faster_decoding_config_that_disagrees_with_its_tensors_loads_the_tensors(tmp_path, base_lm_head):
@@ -273,7 +273,7 @@ def test_faster_decoding_config_that_disagrees_with_its_tensors_loads_the_tensor
     (tmp_path / "fd" / "config.json").write_text(json.dumps({**config, "medusa_num_heads": 2}))
     with pytest.warns(UserWarning, match=f"config.json: medusa_num_heads is 2, but medusa_lm_head.safetensors "
                                          f"holds {K}; using the tensors"):
-        heads = MedusaHeads.from_pretrained(tmp_path / "fd")
+        heads = load_medusa_heads(tmp_path / "fd")
     assert heads.config.num_heads == K
     h = torch.randn(4, H)
     with torch.no_grad():
@@ -287,17 +287,17 @@ def test_faster_decoding_bad_tensor_names_and_shapes_are_named(tmp_path):
     save_file({**state, "5.0.linear.weight": torch.zeros(H, H)}, folder / "medusa_lm_head.safetensors")
     with pytest.warns(UserWarning, match="medusa_num_heads is 3, but medusa_lm_head.safetensors holds 6"), \
             pytest.raises(ValueError, match="medusa_lm_head.safetensors: missing tensors for blocks.3.0.linear.bias"):
-        MedusaHeads.from_pretrained(folder)  # the tensors are trusted: head 5 without head 4 is incomplete
+        load_medusa_heads(folder)  # the tensors are trusted: head 5 without head 4 is incomplete
     save_file({**state, "0.9.linear.x": torch.zeros(H, H)}, folder / "medusa_lm_head.safetensors")
     with pytest.raises(ValueError, match="medusa_lm_head.safetensors: unexpected tensor '0.9.linear.x'"):
-        MedusaHeads.from_pretrained(folder)
+        load_medusa_heads(folder)
     save_file({**state, "1.0.linear.bias": torch.zeros(7)}, folder / "medusa_lm_head.safetensors")
     with pytest.raises(ValueError, match=r"tensor '1.0.linear.bias' has shape \(7,\), expected \(32,\)"):
-        MedusaHeads.from_pretrained(folder)
+        load_medusa_heads(folder)
     del state["2.2.weight"]
     save_file(state, folder / "medusa_lm_head.safetensors")
     with pytest.raises(ValueError, match="missing tensors for lm_heads.2.weight"):
-        MedusaHeads.from_pretrained(folder)
+        load_medusa_heads(folder)
 
 
 # ---- no pickles but the one weights-only path; damaged files are named --------------------------
@@ -323,31 +323,31 @@ def test_pickles_are_refused_or_read_weights_only(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "load", no_unpickling)
     with pytest.raises(UnsafeWeightsError, match="model.safetensors is missing.*will not unpickle pytorch_model.bin"):
-        MedusaHeads.from_pretrained(tmp_path / "heads")
+        load_medusa_heads(tmp_path / "heads")
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "config.json").write_text(json.dumps({"model_type": "medusa", "num_heads": K,
         "num_hidden_layers": 1, "hidden_size": H, "vocab_size": V}))
     (tmp_path / "vllm" / "weights.pt").write_bytes(b"any pickle")
     with pytest.raises(UnsafeWeightsError, match="will not unpickle weights.pt"):
-        MedusaHeads.from_pretrained(tmp_path / "vllm")
+        load_medusa_heads(tmp_path / "vllm")
     fd = tmp_path / "fd"
     write_faster_decoding(fd, own=True, suffix="safetensors")
     (fd / "medusa_lm_head.safetensors").rename(fd / "medusa_lm_head.bin")
     with pytest.raises(UnsafeWeightsError, match="will not unpickle medusa_lm_head.bin"):
-        MedusaHeads.from_pretrained(fd)
+        load_medusa_heads(fd)
     monkeypatch.undo()
 
     marker = tmp_path / "code-ran"
     torch.save({"0.0.linear.weight": Payload(marker)}, fd / "medusa_lm_head.pt")
     with pytest.raises(ValueError, match=r"refusing .*medusa_lm_head.pt: torch.load\(weights_only=True\) rejected"):
-        MedusaHeads.from_pretrained(fd)
+        load_medusa_heads(fd)
     assert not marker.exists()
     torch.save({"0.0.linear.weight": torch.zeros(H, H), "step": 3}, fd / "medusa_lm_head.pt")
     with pytest.raises(ValueError, match="medusa_lm_head.pt: expected a flat dict of tensors; not tensors: step"):
-        MedusaHeads.from_pretrained(fd)
+        load_medusa_heads(fd)
     torch.save(argparse.Namespace(), fd / "medusa_lm_head.pt")
     with pytest.raises(ValueError, match="medusa_lm_head.pt"):
-        MedusaHeads.from_pretrained(fd)
+        load_medusa_heads(fd)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip-length", "flip-header"])
@@ -363,7 +363,7 @@ def test_damaged_safetensors_name_the_file(tmp_path, damage):
             data[i] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"cannot read .*model.safetensors: not a valid safetensors file"):
-        MedusaHeads.from_pretrained(tmp_path)
+        load_medusa_heads(tmp_path)
 
 
 # ---- Hub --------------------------------------------------------------------------------------
@@ -448,16 +448,16 @@ def test_unreachable_hub_is_a_clear_error_and_changes_nothing(tmp_path, run_dir,
                                          "--token", "hf_not_a_real_token"])
     heads = MedusaHeads.from_pretrained(run_dir / "heads")
     with pytest.raises(HubUploadError, match="me/tiny-medusa"):
-        heads.push_to_hub("me/tiny-medusa", token="hf_not_a_real_token")
+        push_to_hub(heads, "me/tiny-medusa", token="hf_not_a_real_token")
     after = {p.relative_to(run_dir): hashlib.sha256(p.read_bytes()).hexdigest()
              for p in run_dir.rglob("*") if p.is_file()}
     assert after == before
 
 
-def test_heads_push_to_hub_method_dry_run(tmp_path, run_dir):
+def test_push_heads_in_memory_dry_run(tmp_path, run_dir):
     heads = MedusaHeads.from_pretrained(run_dir / "heads")
-    heads.push_to_hub("me/tiny-medusa", dry_run_dir=tmp_path / "upload",
-                      train_config=run_dir / "train_config.json", bench_results=run_dir / "bench" / "results.json")
+    push_to_hub(heads, "me/tiny-medusa", dry_run_dir=tmp_path / "upload",
+                train_config=run_dir / "train_config.json", bench_results=run_dir / "bench" / "results.json")
     assert sorted(p.name for p in (tmp_path / "upload").iterdir()) == ["README.md", "config.json", "model.safetensors",
                                                                        "train_config.json"]
     assert json.loads((tmp_path / "upload" / "config.json").read_text())["tree"] == [[0], [1], [0, 0]]
@@ -472,7 +472,7 @@ def test_eagle_draft_dry_run_carries_the_vllm_folder_and_its_serve_command(tmp_p
     from transformers import LlamaConfig
 
     from specheads.heads import EagleConfig, EagleDraft
-    from specheads.heads.eagle_export import load_eagle_export
+    from specheads.heads import load_heads
 
     base = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
                        num_key_value_heads=2)
@@ -488,7 +488,7 @@ def test_eagle_draft_dry_run_carries_the_vllm_folder_and_its_serve_command(tmp_p
         "vllm/model.safetensors"]
     assert file_hashes(tmp_path / "run" / "heads") == before
     assert json.loads((upload / "vllm" / "config.json").read_text())["speculators_model_type"] == "eagle3"
-    back = load_eagle_export(upload / "vllm")
+    back = load_heads(upload / "vllm")
     torch.testing.assert_close(back.state_dict()["fc.weight"], draft.state_dict()["fc.weight"], rtol=0, atol=0)
     card = (upload / "README.md").read_text()
     for text in ["# EAGLE-3 draft for HuggingFaceTB/SmolLM2-135M-Instruct", "- eagle", "license: apache-2.0",

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specheads.data.models import load_base_model, load_tokenizer
+from specheads.heads import load_heads
 
-from ..generate import chat_input_ids, eos_token_ids, load_draft_heads
+from ..generate import chat_input_ids, eos_token_ids
 from .chain import ChainRun, run_chain
 from .vllm_engine import EngineRun, draft_run, plain_run, run_vllm
 
@@ -103,7 +104,7 @@ def compare_with_vllm(format: str, heads_dir: str | Path, prompts: list[list[int
         base = load_base_model(model, dtype=DTYPES[dtype])
         if stop_token_ids is None:
             stop_token_ids = eos_token_ids(base, load_tokenizer(model))
-        draft = load_draft_heads(folder, base)
+        draft = load_heads(folder, base)
         ours = run_chain(base, draft, prompts, k, max_tokens, stop_token_ids)
         del base, draft
         runs = run_vllm(model, prompts, [plain_run(), draft_run(format, folder, k)], max_tokens=max_tokens,

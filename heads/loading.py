@@ -1,0 +1,65 @@
+"""Load any draft heads folder: the one place that reads a folder's config.json to say what it holds.
+
+`load_heads` gives MedusaHeads or an EagleDraft for specheads' own folders and for every readable external format
+(heads.formats): FasterDecoding/Medusa v0.1, vLLM Medusa, and the vLLM / SGLang / speculators EAGLE folders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .eagle import EagleDraft
+from .eagle import check_compatible as eagle_fits
+from .files import EAGLE_MODEL_TYPE, MEDUSA_MODEL_TYPE, read_json_config
+from .formats import FORMATS, detect
+from .medusa import MedusaHeads
+from .medusa import check_compatible as medusa_fits
+
+OWN = {MEDUSA_MODEL_TYPE: MedusaHeads, EAGLE_MODEL_TYPE: EagleDraft}
+
+
+def folder_kind(directory: str | Path) -> str:
+    """What a heads folder holds: "specheads-medusa", "specheads-eagle", or the external format whose config.json
+    it has (a key of heads.formats.FORMATS). An unreadable or unknown config is an error naming the file."""
+    path, raw = read_json_config(directory, what="draft heads")
+    if raw.get("model_type") in OWN:
+        return raw["model_type"]
+    kind = detect(raw)
+    if kind is None:
+        raise ValueError(f"{path}: not a heads folder specheads knows: model_type is {raw.get('model_type')!r}; "
+                         f"expected {MEDUSA_MODEL_TYPE!r}, {EAGLE_MODEL_TYPE!r}, or an export of "
+                         f"{', '.join(n for n, f in FORMATS.items() if getattr(f, 'load', None))}")
+    return kind
+
+
+def draft_kind(directory: str | Path) -> str:
+    """"medusa", "eagle1" or "eagle3": what decodes a folder, whatever its format."""
+    kind = folder_kind(directory)
+    if kind == MEDUSA_MODEL_TYPE:
+        return "medusa"
+    if kind == EAGLE_MODEL_TYPE:
+        return EagleDraft.read_config(directory)[0].variant
+    return FORMATS[kind].KIND
+
+
+def load_heads(directory: str | Path, base_model=None) -> MedusaHeads | EagleDraft:
+    """Medusa heads or an EAGLE draft from any folder specheads reads; with `base_model`, checked to fit it."""
+    kind = folder_kind(directory)
+    if kind in OWN:
+        return OWN[kind].from_pretrained(directory, base_model=base_model)
+    reader = FORMATS[kind].load
+    if reader is None:
+        raise ValueError(f"{directory}: a {kind!r} folder cannot be read back as heads")
+    heads = reader(directory, base_model=base_model)
+    if base_model is not None:
+        check = medusa_fits if isinstance(heads, MedusaHeads) else eagle_fits
+        check(heads.config, base_model.config, source=str(directory))
+    return heads
+
+
+def load_medusa_heads(directory: str | Path, base_model=None) -> MedusaHeads:
+    """Medusa heads from any folder that holds them (specheads, FasterDecoding, vLLM Medusa)."""
+    heads = load_heads(directory, base_model=base_model)
+    if not isinstance(heads, MedusaHeads):
+        raise ValueError(f"{directory}: holds an EAGLE draft ({heads.config.variant}), not Medusa heads")
+    return heads
