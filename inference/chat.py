@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from specheads.inference.cli import int_at_least, min_prob, non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.cpu_verify import add_untuned_cpu_argument
 from specheads.inference.decoder import SamplingConfig
 from specheads.inference.generate import SpeculativeGenerator, eagle_tree_options
@@ -32,18 +33,19 @@ def parse_args(argv):
                         help="also draft by copying from the conversation (prompt lookup, trusted by match length; "
                              "bench.py's medusa_pld); with --no-heads, prompt lookup alone")
     parser.add_argument("--tree", default=None, help="JSON list of rank paths; default: the tree stored with the heads")
-    parser.add_argument("--tree-top-k", type=int, default=None, help="EAGLE: children kept per expanded node")
-    parser.add_argument("--tree-depth", type=int, default=None, help="EAGLE: draft steps per tree")
-    parser.add_argument("--tree-tokens", type=int, default=None, help="EAGLE: tree nodes verified per step")
-    parser.add_argument("--tree-min-prob", type=float, default=None,
+    parser.add_argument("--tree-top-k", type=positive_int, default=None, help="EAGLE: children kept per expanded node")
+    parser.add_argument("--tree-depth", type=positive_int, default=None, help="EAGLE: draft steps per tree")
+    parser.add_argument("--tree-tokens", type=int_at_least(2), default=None,
+                        help="EAGLE: tree nodes verified per step (the root included)")
+    parser.add_argument("--tree-min-prob", type=min_prob, default=None,
                         help="EAGLE: leave out nodes whose cumulative draft probability is below this")
     parser.add_argument("--dtype", default="auto", help="auto | bf16 | fp32")
     add_untuned_cpu_argument(parser)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass, in (0, 1]")
+    parser.add_argument("--top-k", type=non_negative_int, default=0, help="0: off")
     parser.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "typical", "lossless"])
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--system", default=None, help="system prompt")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--prompt", default=None, help="answer this once and exit")

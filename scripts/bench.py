@@ -56,6 +56,8 @@ from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import (chat_input_ids, eagle_candidates, eagle_tree_options, eos_token_ids,
                                           make_decoder)
 from specheads.inference.lookahead import LookaheadCandidates
+from specheads.inference.cli import (int_at_least, int_or_auto, min_prob, non_negative_float, non_negative_int,
+                                     positive_int, top_p)
 from specheads.inference.cpu_verify import (add_untuned_cpu_argument, cpu_verify_settings, prepare_cpu_verify,
                                             stock_linears)
 from specheads.inference.speculative import DraftModelCandidates, self_draft
@@ -73,41 +75,42 @@ def parse_args(argv=None):
     parser.add_argument("--tree", default=None, help="JSON rank paths; default: the heads' stored tree")
     parser.add_argument("--eagle-heads", default=None,
                         help="EAGLE draft folder(s), comma-separated: an EAGLE-1 draft for eagle2, an EAGLE-3 one for eagle3")
-    parser.add_argument("--eagle-top-k", type=int, default=None, help="EAGLE-2 tree: children per expanded node")
-    parser.add_argument("--eagle-depth", type=int, default=None, help="EAGLE-2 tree: draft steps")
-    parser.add_argument("--eagle-tokens", type=int, default=None, help="EAGLE-2 tree: nodes verified per step")
-    parser.add_argument("--eagle-min-prob", type=float, default=None,
+    parser.add_argument("--eagle-top-k", type=positive_int, default=None, help="EAGLE-2 tree: children per expanded node")
+    parser.add_argument("--eagle-depth", type=positive_int, default=None, help="EAGLE-2 tree: draft steps")
+    parser.add_argument("--eagle-tokens", type=int_at_least(2), default=None,
+                        help="EAGLE-2 tree: nodes verified per step (the root included)")
+    parser.add_argument("--eagle-min-prob", type=min_prob, default=None,
                         help="EAGLE-2 tree: leave out nodes whose cumulative draft probability is below this")
     parser.add_argument("--questions", default="data/questions/sharegpt-dev.jsonl")
     parser.add_argument("--methods", default="baseline,prompt_lookup,medusa")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--pld-tokens", type=int, default=10, help="prompt-lookup draft length (pld, medusa_pld, eagle3_pld)")
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass, in (0, 1]")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--pld-tokens", type=positive_int, default=10, help="prompt-lookup draft length (pld, medusa_pld, eagle3_pld)")
     parser.add_argument("--pld-combine", choices=["by-match", "first", "merge"], default="by-match",
                         help="medusa_pld / eagle3_pld: by-match = a lookup chain of --pld-trusted-tokens alone when "
                              "its match is >= --pld-trusted-ngram tokens long, a shorter match's chain merged with "
                              "the heads' tree, else the heads' tree (inference/candidates.lookup_with_heads); "
                              "first = the --pld-tokens chain whenever it matches, else the heads' tree; "
                              "merge = both in one tree every step")
-    parser.add_argument("--pld-trusted-ngram", type=int, default=2, help="--pld-combine by-match: see there")
-    parser.add_argument("--pld-trusted-tokens", type=int, default=16, help="--pld-combine by-match: see there")
+    parser.add_argument("--pld-trusted-ngram", type=positive_int, default=2, help="--pld-combine by-match: see there")
+    parser.add_argument("--pld-trusted-tokens", type=positive_int, default=16, help="--pld-combine by-match: see there")
     parser.add_argument("--pld-heads-tree", default=None,
                         help="medusa_pld with --pld-combine first: JSON rank paths of the heads merged with the lookup "
                              "chain when it matches (default: the chain alone)")
-    parser.add_argument("--draft-layers", type=int, default=None,
+    parser.add_argument("--draft-layers", type=positive_int, default=None,
                         help="layers of the self-speculative draft (sps, hf_assisted); default: a quarter of the base's")
-    parser.add_argument("--gamma", default="auto", help="sps draft length: an int or 'auto' (from measured α and cost)")
-    parser.add_argument("--lookahead-window", type=int, default=5, help="lookahead W")
-    parser.add_argument("--lookahead-ngram", type=int, default=4, help="lookahead N")
-    parser.add_argument("--lookahead-pool", type=int, default=5, help="lookahead G (n-grams verified per step)")
-    parser.add_argument("--max-questions", type=int, default=None)
-    parser.add_argument("--skip-questions", type=int, default=0,
+    parser.add_argument("--gamma", type=int_or_auto, default="auto", help="sps draft length: an int or 'auto' (from measured α and cost)")
+    parser.add_argument("--lookahead-window", type=positive_int, default=5, help="lookahead W")
+    parser.add_argument("--lookahead-ngram", type=int_at_least(2), default=4, help="lookahead N")
+    parser.add_argument("--lookahead-pool", type=positive_int, default=5, help="lookahead G (n-grams verified per step)")
+    parser.add_argument("--max-questions", type=positive_int, default=None)
+    parser.add_argument("--skip-questions", type=non_negative_int, default=0,
                         help="start after this many questions of the file (e.g. a second, untuned half)")
     parser.add_argument("--dtype", default="auto")
     add_untuned_cpu_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="throughput mode: decode first turns B at a time "
                              "(methods " + ", ".join(BATCHED_METHODS) + ")")
     parser.add_argument("--out", default="runs/bench")
