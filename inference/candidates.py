@@ -17,7 +17,7 @@ import copy
 
 import torch
 
-from .tree import TreeBuffers, build_tree_buffers, chain_tree
+from .tree import TreeBuffers, build_tree_buffers, chain_tree, check_tree_fits
 
 
 class NoCandidates:
@@ -35,6 +35,7 @@ class MedusaCandidates:
 
     def __init__(self, heads, tree, lm_head, device="cpu"):
         tree = [tuple(path) for path in tree]
+        check_tree_fits(tree, heads.config.num_heads, heads.config.projected_vocab_size)  # ranks within top-k's reach
         self.heads = heads
         self.lm_head = lm_head
         self.top_k = max((max(path) for path in tree), default=0) + 1

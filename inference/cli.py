@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from .tree import TreeError, parse_tree
+
 
 def _int(text: str) -> int:
     try:
@@ -79,4 +81,14 @@ def int_or_auto(text: str) -> str:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}")
+    return text
+
+
+def tree_json(text: str) -> str:
+    """A static tree as JSON rank paths, checked for shape (kept as the text given); what the heads allow (depth,
+    ranks) is checked once they are loaded."""
+    try:
+        parse_tree(text)
+    except TreeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text

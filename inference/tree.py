@@ -14,6 +14,7 @@ every path is one more node. From the paths alone we derive, once per tree:
 from __future__ import annotations
 
 import heapq
+import json
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ def validate_tree(paths, num_heads: int, top_k: int) -> Tree:
         path = tuple(path)
         if not path:
             raise TreeError("empty path: the root is implicit, list only its descendants")
-        if any(not isinstance(rank, int) or rank < 0 for rank in path):
+        if any(isinstance(rank, bool) or not isinstance(rank, int) or rank < 0 for rank in path):
             raise TreeError(f"path {path}: ranks must be non-negative integers")
         tree.append(path)
     seen = set()
@@ -48,6 +49,33 @@ def validate_tree(paths, num_heads: int, top_k: int) -> Tree:
         if len(path) > 1 and path[:-1] not in seen:
             raise TreeError(f"path {path} is an orphan: its parent {path[:-1]} is not in the tree")
     return sorted(tree, key=lambda p: (len(p), p))
+
+
+def parse_tree(text: str) -> Tree:
+    """A tree written as JSON (a list of rank paths, e.g. [[0], [1], [0, 0]]), checked for shape: a TreeError with
+    one line otherwise. Whether the heads can fill it (depth, ranks) is check_tree_fits' question."""
+    try:
+        paths = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TreeError(f"not valid JSON ({err.msg.removesuffix(' at')} at column {err.colno})") from None
+    if not isinstance(paths, list):
+        raise TreeError(f"must be a JSON list of rank paths like [[0], [1], [0, 0]], got {text.strip()[:40]}")
+    for path in paths:
+        if not isinstance(path, list):
+            raise TreeError(f"path {json.dumps(path)[:40]} must be a list of ranks like [0, 1]")
+    depth = max((len(path) for path in paths), default=0)
+    return validate_tree(paths, depth, top_k=1 + max((r for p in paths for r in p if type(r) is int), default=0))
+
+
+def check_tree_fits(paths, num_heads: int, vocab_size: int) -> None:
+    """Can heads with num_heads heads over vocab_size tokens fill this tree? A TreeError naming the path otherwise."""
+    for path in paths:
+        path = tuple(path)
+        if len(path) > num_heads:
+            raise TreeError(f"path {list(path)} has depth {len(path)} but there are only {num_heads} heads")
+        if path and max(path) >= vocab_size:
+            raise TreeError(f"path {list(path)} uses rank {max(path)} but the heads rank only {vocab_size} tokens "
+                            f"(ranks 0..{vocab_size - 1})")
 
 
 @dataclass

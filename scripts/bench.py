@@ -57,10 +57,11 @@ from specheads.inference.generate import (chat_input_ids, eagle_candidates, eagl
                                           make_decoder)
 from specheads.inference.lookahead import LookaheadCandidates
 from specheads.inference.cli import (int_at_least, int_or_auto, min_prob, non_negative_float, non_negative_int,
-                                     positive_int, top_p)
+                                     positive_int, top_p, tree_json)
 from specheads.inference.cpu_verify import (add_untuned_cpu_argument, cpu_verify_settings, prepare_cpu_verify,
                                             stock_linears)
 from specheads.inference.speculative import DraftModelCandidates, self_draft
+from specheads.inference.tree import TreeError, check_tree_fits
 
 METHODS = ("baseline", "hf_unpacked", "prompt_lookup", "hf_prompt_lookup", "hf_assisted", "plain", "pld", "sps", "lookahead",
            "medusa", "medusa_pld", "eagle2", "eagle3", "eagle3_pld")
@@ -72,7 +73,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--heads", default=None, help="Medusa heads folder, or NAME=DIR,NAME=DIR to compare sets")
-    parser.add_argument("--tree", default=None, help="JSON rank paths; default: the heads' stored tree")
+    parser.add_argument("--tree", type=tree_json, default=None, help="JSON rank paths; default: the heads' stored tree")
     parser.add_argument("--eagle-heads", default=None,
                         help="EAGLE draft folder(s), comma-separated: an EAGLE-1 draft for eagle2, an EAGLE-3 one for eagle3")
     parser.add_argument("--eagle-top-k", type=positive_int, default=None, help="EAGLE-2 tree: children per expanded node")
@@ -95,7 +96,7 @@ def parse_args(argv=None):
                              "merge = both in one tree every step")
     parser.add_argument("--pld-trusted-ngram", type=positive_int, default=2, help="--pld-combine by-match: see there")
     parser.add_argument("--pld-trusted-tokens", type=positive_int, default=16, help="--pld-combine by-match: see there")
-    parser.add_argument("--pld-heads-tree", default=None,
+    parser.add_argument("--pld-heads-tree", type=tree_json, default=None,
                         help="medusa_pld with --pld-combine first: JSON rank paths of the heads merged with the lookup "
                              "chain when it matches (default: the chain alone)")
     parser.add_argument("--draft-layers", type=positive_int, default=None,
@@ -542,6 +543,12 @@ def main(argv=None):
             methods = [n for m in methods for n in (heads if m == "medusa" else [m])]
         methods += [own_baseline(m) for m, (target, _) in heads.items()
                     if target is not model and m in methods]
+    for flag, tree in (("--tree", args.tree), ("--pld-heads-tree", args.pld_heads_tree)):
+        for _, head_set in (heads.values() if tree else ()):  # before any decoding: can these heads fill it?
+            try:
+                check_tree_fits(json.loads(tree), head_set.config.num_heads, head_set.config.projected_vocab_size)
+            except TreeError as err:
+                raise SystemExit(f"{flag}: {err}") from err
     if "baseline" not in methods:
         methods = ["baseline"] + methods  # speedup is always against HF greedy in the same run
     eagle_drafts = load_eagle_drafts(args, methods, model)
