@@ -6,7 +6,8 @@
     python inference/chat.py --heads runs/smollm2-135m-medusa1/heads --prompt-lookup   # heads + prompt lookup
 
 Commands: /reset clears the conversation, /quit (or Ctrl-D, Ctrl-C) leaves. After each answer
-one line reports tokens, tokens/s and τ (tokens per base forward).
+one line reports tokens, tokens/s and τ (tokens per base forward). Ctrl-C while loading or answering --prompt
+exits quietly with status 130, what was already written left as it is.
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ def answer(generator, messages, args, out) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # Ctrl-C while loading or answering --prompt: no traceback, 130 as for SIGINT
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return 130
+
+
+def run(args) -> int:
     generator = load_generator(args)
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)

@@ -1,0 +1,216 @@
+"""Issue 33, decoding command lines: bad numbers and trees are one-line errors naming the flag; Ctrl-C is quiet.
+
+chat.py and bench.py are run as a user runs them (subprocesses from the repository root) where the outcome is the
+point (exit status, stderr, files); the full table of bad values goes through each script's own argument parser.
+"""
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specheads.inference import chat
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def snapshot(*roots) -> dict[str, str]:
+    """sha256 of every file under these folders."""
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+            for root in map(Path, roots) for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def run_script(script: str, *args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+
+
+def assert_flag_error(result, *names) -> str:
+    """Non-zero exit, no traceback; stderr's last line (argparse prints its usage above it) names `names`."""
+    assert result.returncode != 0, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    for name in names:
+        assert name in last, (name, result.stderr)
+    return last
+
+
+def error_lines(result) -> list[str]:
+    """stderr without progress bars (transformers draws one while it loads weights)."""
+    return [line for line in result.stderr.strip().splitlines() if not re.search(r"\|\s*\d+/\d+ \[", line)]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_under_test", REPO / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_bench()
+
+
+@pytest.fixture(scope="module")
+def heads_dir(tmp_path_factory, tiny_llama_dir):
+    from transformers import AutoConfig
+
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    heads = MedusaHeads(MedusaConfig.for_base(AutoConfig.from_pretrained(tiny_llama_dir), str(tiny_llama_dir),
+                                              num_heads=2))
+    path = tmp_path_factory.mktemp("heads")
+    heads.save_pretrained(path, extra={"tree": [[0], [1], [0, 0]]})
+    return path
+
+
+def parse_error(parse, argv, capsys) -> str:
+    """The one error line a script's parser prints for argv (it must exit with status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# ---- numeric flags ----
+
+CHAT_BAD = [("--max-new-tokens", "-5"), ("--max-new-tokens", "0"), ("--top-p", "1.5"), ("--top-p", "0"),
+            ("--top-p", "nan"), ("--temperature", "-1"), ("--temperature", "inf"), ("--top-k", "-1"),
+            ("--tree-top-k", "0"), ("--tree-depth", "0"), ("--tree-tokens", "1"), ("--tree-min-prob", "1.5"),
+            ("--tree-min-prob", "-0.1")]
+BENCH_BAD = [("--max-new-tokens", "-5"), ("--top-p", "1.5"), ("--temperature", "-0.5"), ("--pld-tokens", "0"),
+             ("--pld-trusted-ngram", "0"), ("--pld-trusted-tokens", "-1"), ("--draft-layers", "0"), ("--gamma", "0"),
+             ("--gamma", "four"), ("--lookahead-window", "0"), ("--lookahead-ngram", "1"), ("--lookahead-pool", "0"),
+             ("--max-questions", "0"), ("--skip-questions", "-1"), ("--batch-size", "0"), ("--eagle-top-k", "0"),
+             ("--eagle-depth", "-2"), ("--eagle-tokens", "1"), ("--eagle-min-prob", "1")]
+
+
+@pytest.mark.parametrize("flag, value", CHAT_BAD)
+def test_chat_rejects_bad_numbers(flag, value, capsys):
+    line = parse_error(chat.parse_args, [flag, value], capsys)
+    assert f"argument {flag}:" in line and value in line
+
+
+@pytest.mark.parametrize("flag, value", BENCH_BAD)
+def test_bench_rejects_bad_numbers(bench, flag, value, capsys):
+    line = parse_error(bench.parse_args, [flag, value], capsys)
+    assert f"argument {flag}:" in line and value in line
+
+
+def test_good_numbers_still_parse(bench):
+    args = chat.parse_args(["--max-new-tokens", "1", "--top-p", "1", "--temperature", "0", "--top-k", "0",
+                            "--tree-min-prob", "0", "--tree-tokens", "2"])
+    assert (args.max_new_tokens, args.top_p, args.temperature, args.top_k, args.tree_min_prob) == (1, 1.0, 0.0, 0, 0.0)
+    args = bench.parse_args(["--gamma", "3", "--skip-questions", "0", "--top-p", "0.9", "--eagle-min-prob", "0.5"])
+    assert (args.gamma, args.skip_questions, args.top_p, args.eagle_min_prob) == ("3", 0, 0.9, 0.5)
+    assert bench.parse_args([]).gamma == "auto"
+
+
+def test_chat_negative_max_new_tokens_end_to_end(tmp_path, tiny_llama_dir):
+    before = snapshot(tiny_llama_dir)
+    result = run_script("inference/chat.py", "--model", tiny_llama_dir, "--no-heads", "--prompt", "Hi",
+                        "--max-new-tokens", "-5")
+    assert_flag_error(result, "--max-new-tokens", "-5")
+    assert result.stdout == "" and snapshot(tiny_llama_dir) == before
+
+
+def test_bench_top_p_end_to_end(tmp_path):
+    result = run_script("scripts/bench.py", "--model", tmp_path / "no-such-model", "--top-p", "1.5",
+                        "--out", tmp_path / "out")
+    assert_flag_error(result, "--top-p", "1.5")
+    assert not (tmp_path / "out").exists()
+
+
+# ---- --tree ----
+
+TREE_BAD = [("[[100000]]", None),  # rank too large: only the heads know, see below
+            ('{"a":1}', "a JSON list of rank paths"), ("[[0], [1", "not valid JSON"), ("[0, 1]", "path 0 must be a list"),
+            ("[[-1]]", "non-negative"), ("[[true]]", "non-negative integers"), ("[[0.5]]", "non-negative integers"),
+            ("[[0], [0]]", "duplicate"), ("[[0, 0]]", "orphan"), ("[[]]", "empty path")]
+
+
+@pytest.mark.parametrize("text, words", [t for t in TREE_BAD if t[1]])
+def test_tree_option_is_checked_when_parsed(bench, text, words, capsys):
+    for parse, flag in ((chat.parse_args, "--tree"), (bench.parse_args, "--tree"), (bench.parse_args, "--pld-heads-tree")):
+        line = parse_error(parse, [flag, text], capsys)
+        assert f"argument {flag}:" in line and words in line, line
+
+
+def test_tree_object_end_to_end(tmp_path, tiny_llama_dir, heads_dir):
+    before = snapshot(tiny_llama_dir, heads_dir)
+    result = run_script("inference/chat.py", "--model", tiny_llama_dir, "--heads", heads_dir, "--prompt", "Hi",
+                        "--tree", '{"a":1}')
+    assert_flag_error(result, "--tree", "JSON list")
+    assert snapshot(tiny_llama_dir, heads_dir) == before
+
+
+def test_tree_rank_beyond_the_heads_vocabulary_chat(tmp_path, tiny_llama_dir, heads_dir):
+    vocab = json.loads((heads_dir / "config.json").read_text())["vocab_size"]
+    before = snapshot(tiny_llama_dir, heads_dir)
+    result = run_script("inference/chat.py", "--model", tiny_llama_dir, "--heads", heads_dir, "--prompt", "Hi",
+                        "--max-new-tokens", "4", "--tree", "[[100000]]")
+    line = assert_flag_error(result, "--tree", "100000", str(vocab))
+    assert len(error_lines(result)) == 1, result.stderr
+    assert result.stdout == "" and snapshot(tiny_llama_dir, heads_dir) == before, line
+
+
+def test_tree_deeper_than_the_heads_chat(tiny_llama_dir, heads_dir):
+    """Checked in-process: the same code path as above, with the 2-head limit."""
+    args = chat.parse_args(["--model", str(tiny_llama_dir), "--heads", str(heads_dir), "--tree", "[[0], [0, 0], [0, 0, 0]]"])
+    with pytest.raises(SystemExit) as err:
+        chat.load_generator(args)
+    assert str(err.value).startswith("--tree: ") and "2 heads" in str(err.value)
+
+
+def test_tree_rank_beyond_the_heads_vocabulary_bench(tmp_path, tiny_llama_dir, heads_dir):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n")
+    before = snapshot(tmp_path, tiny_llama_dir, heads_dir)
+    result = run_script("scripts/bench.py", "--model", tiny_llama_dir, "--heads", heads_dir, "--methods", "medusa",
+                        "--questions", questions, "--max-new-tokens", "4", "--tree", "[[0], [100000]]",
+                        "--out", tmp_path / "out")
+    assert_flag_error(result, "--tree", "100000")
+    assert len(error_lines(result)) == 1, result.stderr
+    assert snapshot(tmp_path, tiny_llama_dir, heads_dir) == before and not (tmp_path / "out").exists()
+
+
+# ---- Ctrl-C ----
+
+def test_ctrl_c_while_answering_a_prompt(tiny_llama_dir):
+    """SIGINT while chat.py --prompt is writing its answer: exit 130, no traceback, what was shown stays shown."""
+    before = snapshot(tiny_llama_dir)
+    process = subprocess.Popen([sys.executable, "inference/chat.py", "--model", str(tiny_llama_dir), "--no-heads",
+                                "--prompt", "Tell me a long story.", "--max-new-tokens", "100000", "--dtype", "fp32"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        shown = b""
+        deadline = time.monotonic() + 120
+        while len(shown) < 20 and time.monotonic() < deadline:  # the answer is streaming
+            ready, _, _ = select.select([process.stdout], [], [], 1.0)
+            if ready:
+                chunk = os.read(process.stdout.fileno(), 4096)
+                assert chunk, "chat.py ended before the interrupt: " + process.stderr.read().decode()
+                shown += chunk
+        assert len(shown) >= 20, "no answer within 120 s"
+        process.send_signal(signal.SIGINT)
+        rest, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    err = err.decode()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    out = shown + rest
+    assert out.startswith(shown) and len(out) >= 20  # nothing already written is taken back
+    assert snapshot(tiny_llama_dir) == before
