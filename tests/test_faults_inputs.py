@@ -189,3 +189,14 @@ def test_data_error_through_an_entry_point(tmp_path):
                         "--out", out)
     assert_one_line_error(result, f"{data}:3:", "not a JSON object")
     assert snapshot(tmp_path) == before
+
+
+def test_torch_floor_loads_weights_only():
+    """torch.load reads only tensors by default from torch 2.6 on (weights_only=True); the package must not allow
+    an older torch, where one call without the argument would run whatever a pickle holds."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from packaging.requirements import Requirement
+
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_req = next(Requirement(d) for d in dependencies if Requirement(d).name == "torch")
+    assert not torch_req.specifier.contains("2.5.1") and torch_req.specifier.contains("2.6.0"), torch_req
