@@ -30,9 +30,19 @@ def snapshot(*roots) -> dict[str, str]:
             for root in map(Path, roots) for path in sorted(root.rglob("*")) if path.is_file()}
 
 
-def run_script(script: str, *args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout)
+class Started:
+    """A script started in the background from the repository root, as a user runs it; result() waits for it."""
+
+    def __init__(self, script: str, *args):
+        self.process = subprocess.Popen([sys.executable, script, *map(str, args)], cwd=REPO, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.completed = None
+
+    def result(self, timeout=300) -> subprocess.CompletedProcess:
+        if self.completed is None:
+            out, err = self.process.communicate(timeout=timeout)
+            self.completed = subprocess.CompletedProcess(self.process.args, self.process.returncode, out, err)
+        return self.completed
 
 
 def assert_flag_error(result, *names) -> str:
@@ -118,19 +128,49 @@ def test_good_numbers_still_parse(bench):
     assert bench.parse_args([]).gamma == "auto"
 
 
-def test_chat_negative_max_new_tokens_end_to_end(tmp_path, tiny_llama_dir):
-    before = snapshot(tiny_llama_dir)
-    result = run_script("inference/chat.py", "--model", tiny_llama_dir, "--no-heads", "--prompt", "Hi",
-                        "--max-new-tokens", "-5")
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_llama_dir, heads_dir):
+    """The end-to-end runs of this module's tests, started at once (each mostly imports and loads the tiny model;
+    together they take the time of about two): {name: (the run, its scratch folder)}, and "before": the hashes of
+    every file the runs may read."""
+    folder = tmp_path_factory.mktemp("runs")
+    questions = folder / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n")
+    chat_py, bench_py, model, heads = "inference/chat.py", "scripts/bench.py", tiny_llama_dir, heads_dir
+    before = snapshot(folder, tiny_llama_dir, heads_dir)
+    started = {
+        "chat --max-new-tokens": Started(chat_py, "--model", model, "--no-heads", "--prompt", "Hi", "--max-new-tokens", "-5"),
+        "bench --top-p": Started(bench_py, "--model", folder / "no-such-model", "--methods", "baseline", "--top-p", "1.5",
+                                 "--questions", questions, "--out", folder / "out-top-p"),
+        "chat --tree object": Started(chat_py, "--model", model, "--heads", heads, "--prompt", "Hi", "--tree", '{"a":1}'),
+        "chat --tree rank": Started(chat_py, "--model", model, "--heads", heads, "--prompt", "Hi", "--max-new-tokens", "4",
+                                    "--tree", "[[100000]]"),
+        "bench --tree rank": Started(bench_py, "--model", model, "--heads", heads, "--methods", "medusa",
+                                     "--questions", questions, "--max-new-tokens", "4", "--tree", "[[0], [100000]]",
+                                     "--out", folder / "out-tree"),
+    }
+    yield started, before, (folder, tiny_llama_dir, heads_dir)
+    for run in started.values():
+        run.process.kill()
+        run.process.communicate()
+
+
+def finished(runs, name) -> subprocess.CompletedProcess:
+    """The run's outcome, every file it could have touched checked unchanged."""
+    started, before, roots = runs
+    result = started[name].result()
+    assert snapshot(*roots) == before, name
+    return result
+
+
+def test_chat_negative_max_new_tokens_end_to_end(runs):
+    result = finished(runs, "chat --max-new-tokens")
     assert_flag_error(result, "--max-new-tokens", "-5")
-    assert result.stdout == "" and snapshot(tiny_llama_dir) == before
+    assert result.stdout == ""
 
 
-def test_bench_top_p_end_to_end(tmp_path):
-    result = run_script("scripts/bench.py", "--model", tmp_path / "no-such-model", "--top-p", "1.5",
-                        "--out", tmp_path / "out")
-    assert_flag_error(result, "--top-p", "1.5")
-    assert not (tmp_path / "out").exists()
+def test_bench_top_p_end_to_end(runs):
+    assert_flag_error(finished(runs, "bench --top-p"), "--top-p", "1.5")
 
 
 # ---- --tree ----
@@ -148,22 +188,15 @@ def test_tree_option_is_checked_when_parsed(bench, text, words, capsys):
         assert f"argument {flag}:" in line and words in line, line
 
 
-def test_tree_object_end_to_end(tmp_path, tiny_llama_dir, heads_dir):
-    before = snapshot(tiny_llama_dir, heads_dir)
-    result = run_script("inference/chat.py", "--model", tiny_llama_dir, "--heads", heads_dir, "--prompt", "Hi",
-                        "--tree", '{"a":1}')
-    assert_flag_error(result, "--tree", "JSON list")
-    assert snapshot(tiny_llama_dir, heads_dir) == before
+def test_tree_object_end_to_end(runs):
+    assert_flag_error(finished(runs, "chat --tree object"), "--tree", "JSON list")
 
 
-def test_tree_rank_beyond_the_heads_vocabulary_chat(tmp_path, tiny_llama_dir, heads_dir):
+def test_tree_rank_beyond_the_heads_vocabulary_chat(runs, heads_dir):
     vocab = json.loads((heads_dir / "config.json").read_text())["vocab_size"]
-    before = snapshot(tiny_llama_dir, heads_dir)
-    result = run_script("inference/chat.py", "--model", tiny_llama_dir, "--heads", heads_dir, "--prompt", "Hi",
-                        "--max-new-tokens", "4", "--tree", "[[100000]]")
-    line = assert_flag_error(result, "--tree", "100000", str(vocab))
-    assert len(error_lines(result)) == 1, result.stderr
-    assert result.stdout == "" and snapshot(tiny_llama_dir, heads_dir) == before, line
+    result = finished(runs, "chat --tree rank")
+    assert_flag_error(result, "--tree", "100000", str(vocab))
+    assert len(error_lines(result)) == 1 and result.stdout == "", result.stderr
 
 
 def test_tree_deeper_than_the_heads_chat(tiny_llama_dir, heads_dir):
@@ -174,16 +207,10 @@ def test_tree_deeper_than_the_heads_chat(tiny_llama_dir, heads_dir):
     assert str(err.value).startswith("--tree: ") and "2 heads" in str(err.value)
 
 
-def test_tree_rank_beyond_the_heads_vocabulary_bench(tmp_path, tiny_llama_dir, heads_dir):
-    questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n")
-    before = snapshot(tmp_path, tiny_llama_dir, heads_dir)
-    result = run_script("scripts/bench.py", "--model", tiny_llama_dir, "--heads", heads_dir, "--methods", "medusa",
-                        "--questions", questions, "--max-new-tokens", "4", "--tree", "[[0], [100000]]",
-                        "--out", tmp_path / "out")
+def test_tree_rank_beyond_the_heads_vocabulary_bench(runs):
+    result = finished(runs, "bench --tree rank")
     assert_flag_error(result, "--tree", "100000")
     assert len(error_lines(result)) == 1, result.stderr
-    assert snapshot(tmp_path, tiny_llama_dir, heads_dir) == before and not (tmp_path / "out").exists()
 
 
 # ---- Ctrl-C ----

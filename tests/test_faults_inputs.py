@@ -32,9 +32,19 @@ def snapshot(*roots) -> dict[str, str]:
     return hashes
 
 
-def run_script(script: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)
+class Started:
+    """A script started in the background from the repository root, as a user runs it; result() waits for it."""
+
+    def __init__(self, script: str, *args):
+        self.process = subprocess.Popen([sys.executable, script, *map(str, args)], cwd=REPO, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.completed = None
+
+    def result(self, timeout=300) -> subprocess.CompletedProcess:
+        if self.completed is None:
+            out, err = self.process.communicate(timeout=timeout)
+            self.completed = subprocess.CompletedProcess(self.process.args, self.process.returncode, out, err)
+        return self.completed
 
 
 def assert_one_line_error(result, *names):
@@ -83,16 +93,41 @@ BAD_QUESTIONS = {
 }
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every subprocess of this module, started at once (each one mostly imports; together they take the time of
+    about two): {case: (the run, its folder, the bad file, the folder's hashes before)}."""
+    started = {}
+    for case, (line, _) in BAD_QUESTIONS.items():
+        folder = tmp_path_factory.mktemp("questions")
+        questions = folder / "q.jsonl"
+        questions.write_text(json.dumps(GOOD_QUESTION) + "\n" + (line if isinstance(line, str) else json.dumps(line))
+                             + "\n")
+        before = snapshot(folder)
+        run = Started("scripts/bench.py", "--model", folder / "no-such-model", "--methods", "baseline,plain",
+                      "--questions", questions, "--out", folder / "out")
+        started[case] = (run, folder, questions, before)
+    folder = tmp_path_factory.mktemp("data")
+    data = folder / "d.jsonl"
+    write_jsonl(data, synthetic_sharegpt(2))
+    with open(data, "a") as f:
+        f.write("42\n")
+    write_jsonl(folder / "out.jsonl", synthetic_sharegpt(1))  # a previous run's output: must stay as it is
+    before = snapshot(folder)
+    run = Started("scripts/self_distill.py", "--model", folder / "no-such-model", "--dataset", data,
+                  "--out", folder / "out.jsonl")
+    started["data"] = (run, folder, data, before)
+    yield started
+    for run, *_ in started.values():
+        run.process.kill()
+        run.process.communicate()
+
+
 @pytest.mark.parametrize("case", list(BAD_QUESTIONS))
-def test_bench_questions_are_checked_before_the_model_loads(tmp_path, case):
-    line, words = BAD_QUESTIONS[case]
-    questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps(GOOD_QUESTION) + "\n" + (line if isinstance(line, str) else json.dumps(line)) + "\n")
-    before = snapshot(tmp_path)
-    result = run_script("scripts/bench.py", "--model", tmp_path / "no-such-model", "--methods", "baseline,plain",
-                        "--questions", questions, "--out", tmp_path / "out")
-    assert_one_line_error(result, f"{questions}:2:", *words)
-    assert snapshot(tmp_path) == before  # nothing written, nothing changed
+def test_bench_questions_are_checked_before_the_model_loads(runs, case):
+    run, folder, questions, before = runs[case]
+    assert_one_line_error(run.result(), f"{questions}:2:", *BAD_QUESTIONS[case][1])
+    assert snapshot(folder) == before  # nothing written, nothing changed
 
 
 @pytest.mark.parametrize("line, words", [
@@ -176,19 +211,11 @@ def test_data_suffix_in_any_case(tmp_path, name):
     assert [c.id for c in load_conversations(str(tmp_path / name))] == ["c0", "c1", "c2"]
 
 
-def test_data_error_through_an_entry_point(tmp_path):
+def test_data_error_through_an_entry_point(runs):
     """self_distill.py reads the data before its model: a bad line is one line on stderr, the output untouched."""
-    data = tmp_path / "d.jsonl"
-    write_jsonl(data, synthetic_sharegpt(2))
-    with open(data, "a") as f:
-        f.write("42\n")
-    out = tmp_path / "out.jsonl"
-    write_jsonl(out, synthetic_sharegpt(1))  # a previous run's output: must stay as it is
-    before = snapshot(tmp_path)
-    result = run_script("scripts/self_distill.py", "--model", tmp_path / "no-such-model", "--dataset", data,
-                        "--out", out)
-    assert_one_line_error(result, f"{data}:3:", "not a JSON object")
-    assert snapshot(tmp_path) == before
+    run, folder, data, before = runs["data"]
+    assert_one_line_error(run.result(), f"{data}:3:", "not a JSON object")
+    assert snapshot(folder) == before
 
 
 def test_torch_floor_loads_weights_only():
