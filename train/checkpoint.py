@@ -6,7 +6,7 @@ A checkpoint folder `step-000120/` holds:
   rng.safetensors        torch (and CUDA) generator states
   trainer_state.json     step, data position, scheduler state, optimizer param groups, Python RNG
 It is written under a temporary name and renamed when complete, so a run killed mid-write
-leaves the previous checkpoint as the latest one.
+leaves the previous checkpoint as the latest one; `checkpoint_problem` finds one damaged afterwards.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 PREFIX = "step-"
@@ -36,6 +37,35 @@ def checkpoint_dirs(root: str | Path) -> list[Path]:
 def latest_checkpoint(root: str | Path) -> Path | None:
     dirs = checkpoint_dirs(root)
     return dirs[-1] if dirs else None
+
+
+REQUIRED_STATE = ("step", "micro_batches_done", "scheduler", "optimizer_param_groups", "python_random")
+
+
+def checkpoint_problem(directory: str | Path) -> str | None:
+    """Why a checkpoint cannot be resumed from, or None: its trainer state must parse and hold the position, RNG
+    states must be there, and every JSON file under it must parse and every safetensors file's header match its size
+    (a disk that filled up, or a copy cut short). Reads no tensor data."""
+    directory = Path(directory)
+    try:
+        state = json.loads((directory / STATE_NAME).read_text())
+    except (OSError, ValueError) as err:
+        return f"{STATE_NAME}: {err}"
+    missing = [key for key in REQUIRED_STATE if key not in state] if isinstance(state, dict) else list(REQUIRED_STATE)
+    if missing:
+        return f"{STATE_NAME} lacks {', '.join(missing)}"
+    if not (directory / "rng.safetensors").is_file():
+        return "rng.safetensors is missing"
+    for path in sorted(directory.rglob("*")):
+        try:
+            if path.suffix == ".json" and path.name != STATE_NAME:
+                json.loads(path.read_text())
+            elif path.suffix == ".safetensors":
+                with safe_open(str(path), "pt"):
+                    pass
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+            return f"{path.relative_to(directory)}: {err}"
+    return None
 
 
 def _optimizer_to_files(optimizer) -> tuple[dict, list]:

@@ -3,8 +3,9 @@
 A trainer supplies a `Task`: how to build its trainable module on the frozen base, its loss on a
 batch, and its held-out evaluation. This module owns the rest: typed config sections, data loading
 and tokenisation, accelerate (single CPU process up to DeepSpeed), AdamW + cosine warm-up + gradient
-accumulation, TensorBoard and tqdm, safetensors checkpoints that resume exactly, refusing to
-overwrite or to resume a different run, and stopping on a non-finite loss.
+accumulation, TensorBoard and tqdm, safetensors checkpoints that resume exactly (past a damaged newest one),
+refusing to overwrite, to resume a different run or from another data position, one run per output_dir (a
+lock), and stopping on a non-finite loss.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import math
 import os
 import random
+import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +27,8 @@ from tqdm.auto import tqdm
 from specheads.data.models import cpu_supports_bf16, load_base_model, load_tokenizer
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.tokenization import pad_batch, tokenize_conversation
-from specheads.train.checkpoint import STATE_NAME, latest_checkpoint, load_checkpoint, save_checkpoint
+from specheads.train.checkpoint import (STATE_NAME, checkpoint_dirs, checkpoint_problem, latest_checkpoint,
+                                       load_checkpoint, save_checkpoint)
 from specheads.train.config import config_to_dict
 
 
@@ -240,14 +244,113 @@ def flat_config(tree: dict, skip: str | None = None) -> dict:
             for key, value in (values.items() if isinstance(values, dict) else [(None, values)])}
 
 
-def check_same_run(saved: dict, current: dict, checkpoint) -> None:
-    """Resuming with another model, data or module layout would silently train something else."""
+# Settings that decide which examples a checkpoint's data position (micro-batches done) points at.
+DATA_ORDER_KEYS = ("train.batch_size", "train.grad_accum", "train.seed")
+# Optimizer settings a checkpoint restores as they were saved; a resumed run applies the config's (and says so).
+OPTIMIZER_KEYS = ("train.lr", "train.weight_decay", "train.adam_betas")
+
+
+def check_same_run(saved: dict, current: dict, checkpoint, saved_processes: int | None = None,
+                   processes: int | None = None) -> None:
+    """Resuming with another model, data or module layout would silently train something else, and another batch
+    size, accumulation, seed or number of processes would continue from another place in the data."""
     before, now = flat_config(saved, skip="train"), flat_config(current, skip="train")
     changed = [f"{name}: {before.get(name)!r} -> {value!r}" for name, value in now.items()
                if name in before and before[name] != value]
+    before, now = flat_config(saved), flat_config(current)
+    changed += [f"{name}: {before[name]!r} -> {now[name]!r}" for name in DATA_ORDER_KEYS
+                if name in before and before[name] != now[name]]
+    if saved_processes is not None and processes is not None and saved_processes != processes:
+        changed.append(f"processes: {saved_processes} -> {processes}")
     if changed:
         raise SystemExit(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
-                         "use a new train.output_dir")
+                         "resume with the saved values or use a new train.output_dir (nothing was changed)")
+
+
+def changed_optimizer_settings(saved: dict, current: dict) -> list[str]:
+    before, now = flat_config(saved), flat_config(current)
+    return [f"{name}: {before[name]!r} -> {now[name]!r}" for name in OPTIMIZER_KEYS
+            if name in before and before[name] != now.get(name)]
+
+
+def apply_config_hyperparameters(optimizer, scheduler, fresh_groups: list[dict]) -> None:
+    """After a checkpoint restored the optimizer and scheduler: the config's hyperparameters (`fresh_groups`, the
+    param groups as built from the config) replace the saved ones, and every group's lr is the schedule's value at
+    the restored step for the config's base lr, exactly what the scheduler computes (LambdaLR.get_lr)."""
+    for group, fresh in zip(optimizer.param_groups, fresh_groups):
+        group.update({key: value for key, value in fresh.items() if key not in ("params", "lr")})
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base_lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+def resume_point(checkpoints: Path, say) -> tuple[Path | None, dict]:
+    """The newest checkpoint whose files all read back, and its trainer state; damaged newer ones are named by `say`.
+    (None, {}) when there is none at all; a SystemExit when every one is damaged."""
+    damaged = []
+    for directory in reversed(checkpoint_dirs(checkpoints)):
+        problem = checkpoint_problem(directory)
+        if problem is None:
+            for name, why in damaged:
+                say(f"warning: checkpoint {name} is damaged ({why}); resuming from {directory}, the newest complete one")
+            return directory, json.loads((directory / STATE_NAME).read_text())
+        damaged.append((directory, problem))
+    if damaged:
+        raise SystemExit(f"--resume: no readable checkpoint under {checkpoints} ("
+                         + "; ".join(f"{d.name}: {why}" for d, why in damaged)
+                         + "); nothing was changed: move them aside to start afresh")
+    return None, {}
+
+
+LOCK_NAME = ".lock"  # in train.output_dir: flock'ed for the whole run (the OS drops it when the process dies)
+OWNER_NAME = ".lock.owner"  # who holds it, for the message of a run that finds it taken
+
+
+class OutputDirLock:
+    """One training run per output_dir: two would share the checkpoints' staging folders and overwrite each other."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.lock = None
+
+    def acquire(self) -> None:
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(str(self.directory / LOCK_NAME), timeout=0)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except Timeout:
+            try:
+                owner = (self.directory / OWNER_NAME).read_text().strip()
+            except OSError:
+                owner = ""
+            raise SystemExit(f"train.output_dir {self.directory} is in use by another training run"
+                             f"{f' ({owner})' if owner else ''}: wait for it to end or choose another "
+                             "train.output_dir (nothing was changed)") from None
+        except OSError as err:  # after Timeout, an OSError too
+            raise SystemExit(f"train.output_dir {self.directory}: cannot take its lock: {err}") from None
+        self.lock = lock
+        write_text_atomic(self.directory / OWNER_NAME, f"pid {os.getpid()} on {socket.gethostname()} since "
+                                                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+
+    def release(self) -> None:
+        if self.lock is not None:
+            (self.directory / OWNER_NAME).unlink(missing_ok=True)
+            self.lock.release()
+            self.lock = None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a file whole or not at all (a temporary name, then os.replace)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def no_gpu() -> bool:
@@ -280,21 +383,49 @@ def resolve_mixed_precision(setting: str) -> str:
 
 
 def run_training(cfg, task: Task, resume: bool = False) -> dict:
-    """Train task's module per cfg (sections model, data, train, + the task's own); return the evaluation."""
+    """Train task's module per cfg (sections model, data, train, + the task's own); return the evaluation.
+
+    The main process holds train.output_dir's lock for the whole run: a second run on it stops at once."""
     from accelerate import Accelerator
+
+    t = cfg.train
+    out = Path(t.output_dir)
+    accelerator = Accelerator(**accelerator_settings(), gradient_accumulation_steps=t.grad_accum,
+                              mixed_precision=resolve_mixed_precision(t.mixed_precision),
+                              log_with="tensorboard", project_dir=str(out / "logs"))
+    lock = OutputDirLock(out) if accelerator.is_main_process else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        return _run_training(cfg, task, resume, accelerator)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_training(cfg, task: Task, resume: bool, accelerator) -> dict:
     from accelerate.utils import set_seed
     from transformers import get_cosine_schedule_with_warmup
 
     t = cfg.train
     out = Path(t.output_dir)
     checkpoints = out / "checkpoints"
+    main = accelerator.is_main_process
     if not resume and latest_checkpoint(checkpoints) is not None:
         raise SystemExit(f"{checkpoints} already holds checkpoints: pass --resume to continue that run, "
                          "or set train.output_dir to a new folder (nothing was overwritten)")
-    accelerator = Accelerator(**accelerator_settings(), gradient_accumulation_steps=t.grad_accum,
-                              mixed_precision=resolve_mixed_precision(t.mixed_precision),
-                              log_with="tensorboard", project_dir=str(out / "logs"))
-    main = accelerator.is_main_process
+    latest, saved_state = None, {}
+    if resume:  # checked before any model loads
+        def warn(line):
+            if main:
+                print(line, file=sys.stderr)
+
+        latest, saved_state = resume_point(checkpoints, warn)
+        if latest is None:
+            accelerator.print(f"--resume: no checkpoint under {checkpoints}; starting fresh")
+        else:
+            check_same_run(saved_state.get("config", {}), config_to_dict(cfg), latest, saved_state.get("processes"),
+                           accelerator.num_processes)
     set_seed(t.seed)
 
     tokenizer = load_tokenizer(cfg.model.name)
@@ -310,18 +441,23 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(t.warmup_ratio * total_steps), total_steps)
 
     step, micro_start = 0, 0
-    if resume:
-        latest = latest_checkpoint(checkpoints)
-        if latest is None:
-            accelerator.print(f"--resume: no checkpoint under {checkpoints}; starting fresh")
-        else:
-            saved = json.loads((latest / STATE_NAME).read_text()).get("config", {})
-            check_same_run(saved, config_to_dict(cfg), latest)
-            task.restore(module, latest / "heads", base)
+    if latest is not None:
+        fresh_groups = [dict(group) for group in optimizer.param_groups]  # as the config builds them
+        task.restore(module, latest / "heads", base)
+        try:
             state = load_checkpoint(latest, None if uses_deepspeed(accelerator) else optimizer)
-            scheduler.load_state_dict(state["scheduler"])
-            step, micro_start = state["step"], state["micro_batches_done"]
-            accelerator.print(f"resumed from {latest} at step {step}")
+        except ValueError as err:
+            raise SystemExit(f"--resume: {err}") from None
+        scheduler.load_state_dict(state["scheduler"])
+        apply_config_hyperparameters(optimizer, scheduler, fresh_groups)
+        step, micro_start = state["step"], state["micro_batches_done"]
+        accelerator.print(f"resumed from {latest} at step {step}")
+        changed = changed_optimizer_settings(saved_state.get("config", {}), config_to_dict(cfg))
+        if changed:
+            lr_note = (f" (lr: the schedule's value at step {step} of {total_steps} for the new lr)"
+                       if any(c.startswith("train.lr:") for c in changed) else "")
+            accelerator.print(f"--resume: changed since {latest.name}: {'; '.join(changed)}. The run continues with "
+                              f"the new value{'s' if len(changed) > 1 else ''}{lr_note}")
     if uses_deepspeed(accelerator):  # no dataloader goes through prepare, so DeepSpeed is told the batch size
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         if ds_config.get("gradient_accumulation_steps", t.grad_accum) not in ("auto", t.grad_accum):
@@ -333,7 +469,7 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
 
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "train_config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
+        write_text_atomic(out / "train_config.json", json.dumps(config_to_dict(cfg), indent=2))
     hparams = {k: (v if isinstance(v, (int, float, str, bool)) else str(v))
                for k, v in flat_config(config_to_dict(cfg)).items()}
     accelerator.init_trackers(task.name, config=hparams)
@@ -344,7 +480,7 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
     def save(step_now, micro_done):
         full_state = gathered_state_dict(accelerator, module)
         if main:
-            trainer_state = {"step": step_now, "micro_batches_done": micro_done,
+            trainer_state = {"step": step_now, "micro_batches_done": micro_done, "processes": accelerator.num_processes,
                              "scheduler": scheduler.state_dict(), "config": config_to_dict(cfg)}
             # DeepSpeed's ZeRO optimizer state is partitioned across ranks: its checkpoints keep weights,
             # schedule and data position, and a resumed run restarts the Adam moments.
@@ -418,7 +554,7 @@ def run_training(cfg, task: Task, resume: bool = False) -> dict:
     if main:
         accelerator.unwrap_model(module).save_pretrained(out / "heads", extra=task.final_extra(result),
                                                          state_dict=full_state)
-        (out / "eval.json").write_text(json.dumps(result, indent=2))
+        write_text_atomic(out / "eval.json", json.dumps(result, indent=2))
         print(f"held-out accuracy of the {task.name} draft (assistant tokens):")
         print(task.format_result(result))
         if "throughput" in result:
