@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -183,6 +184,25 @@ class EagleDraft(nn.Module):
         self.d2t.copy_(target_ids - torch.arange(target_ids.numel()))
         self.t2d.zero_()
         self.t2d[target_ids] = True
+
+    def with_llama_layer(self) -> tuple["EagleDraft", dict[str, float]]:
+        """A copy of this draft whose layer is Llama-style (what every engine's EAGLE-3 builds), and what it lost:
+        {tensor name: largest |value|} of the attention biases a Llama layer has no place for (a Qwen2 layer's
+        q/k/v biases, from drafts trained before eagle.layer defaulted to llama). Every other tensor is kept; with
+        all those biases zero the copy computes exactly what this draft does, otherwise its guesses change and
+        its acceptance must be measured again."""
+        config = replace(self.config, layer_config=llama_layer_config(self.config.transformers_config()))
+        dtype = self.fc.weight.dtype
+        converted = EagleDraft(config).to(dtype)
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
+        wanted = {k for k in converted.state_dict() if not k.startswith("rotary_emb.")}
+        dropped = {k: float(v.abs().max()) for k, v in state.items() if k not in wanted}
+        unknown = [k for k in dropped if not re.fullmatch(r"layers\.0\.self_attn\.[qkvo]_proj\.bias", k)]
+        if unknown:
+            raise ValueError(f"the draft layer holds {unknown}, which a Llama layer has no place for")
+        converted.load_state_dict({k: v for k, v in state.items() if k in wanted}, strict=False)
+        converted.extra_config = dict(getattr(self, "extra_config", {}) or {})
+        return converted, dropped
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         if self.config.variant == "eagle1":

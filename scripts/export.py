@@ -31,9 +31,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="base model (Hub id, folder or built-in name) where the "
                                                       "format needs its weights; default: the heads' base")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--llama-layer", action="store_true",
+                        help="vllm-eagle3: give an EAGLE-3 draft with another architecture's layer (old Qwen2-style "
+                             "drafts) the Llama layer vLLM builds, dropping its attention biases (a warning names "
+                             "them; measure acceptance again)")
     args = parser.parse_args(argv)
+    options = {"llama_layer": True} if args.llama_layer else {}
+    if options and args.format != "vllm-eagle3":
+        parser.error("--llama-layer applies to --format vllm-eagle3 only")
     try:
-        out = export(args.format, args.heads, args.out, model=args.model, overwrite=args.overwrite)
+        out = export(args.format, args.heads, args.out, model=args.model, overwrite=args.overwrite, **options)
     except (NotImplementedError, FileNotFoundError, FileExistsError, UnsafeWeightsError, ValueError) as err:
         raise SystemExit(f"export.py: {err}") from err
     print(f"wrote {args.format} to {out}")

@@ -35,8 +35,9 @@ def deep_tiny_model(arch: str, **kwargs):
     return deeper
 
 
-def fitted_draft(model, variant: str, steps: int = 150, **sampling):
-    """A draft trained for a moment on the model's own text (same unrolled loss as train/eagle.py)."""
+def fitted_draft(model, variant: str, steps: int = 150, layer: str | None = None, **sampling):
+    """A draft trained for a moment on the model's own text (same unrolled loss as train/eagle.py); layer: as
+    EagleConfig.for_base takes it (default a new draft's)."""
     from specheads.train.eagle import base_targets, unrolled_draft
 
     torch.manual_seed(7)
@@ -45,7 +46,8 @@ def fitted_draft(model, variant: str, steps: int = 150, **sampling):
         text = model.generate(prompts, max_new_tokens=30, do_sample=bool(sampling), pad_token_id=0,
                               attention_mask=torch.ones_like(prompts), **sampling)
         states = model.model(text, output_hidden_states=True).hidden_states
-    draft = EagleDraft(EagleConfig.for_base(model.config, "tiny", variant=variant, draft_vocab_size=VOCAB - 8))
+    draft = EagleDraft(EagleConfig.for_base(model.config, "tiny", variant=variant, draft_vocab_size=VOCAB - 8,
+                                            layer=layer))
     if variant == "eagle3":
         draft.set_vocab_mapping(torch.arange(8, VOCAB))  # ids 0..7 never drafted: exercises d2t
     draft = draft.to(model.dtype)

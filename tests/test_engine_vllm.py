@@ -129,6 +129,32 @@ def test_tiny_bases_in_vllm(tmp_path, arch, format, k):
     check(comparison, 1.2)
 
 
+def test_old_qwen2_style_eagle3_draft_converted_for_vllm(tmp_path):
+    """An EAGLE-3 draft with a Qwen2 layer (q/k/v biases: drafts trained before eagle.layer defaulted to llama),
+    exported with --llama-layer: vLLM serves the converted draft exactly as we decode it, and what the conversion
+    cost is reported (our τ with the old draft against the converted one, same prompts)."""
+    from specheads.heads.loading import load_heads
+    from specheads.inference.engines.chain import run_chain
+
+    model = tiny_engine_base("qwen2")
+    model.save_pretrained(tmp_path / "base")
+    old = fitted_draft(model, "eagle3", layer="base")
+    assert old.layers[0].self_attn.q_proj.bias is not None
+    old.config.base_model_name_or_path = str(tmp_path / "base")
+    old.save_pretrained(tmp_path / "heads")
+    prompts = torch.randint(3, VOCAB, (4, 8), generator=torch.Generator().manual_seed(3)).tolist()
+    with pytest.warns(UserWarning, match="qwen2-style draft layer becomes a Llama layer; dropped "
+                                         "layers.0.self_attn.q_proj.bias"):
+        comparison = compare_with_vllm("vllm-eagle3", tmp_path / "heads", prompts, k=4, max_tokens=48,
+                                       stop_token_ids=[], export_options={"llama_layer": True})
+    before = run_chain(model.float(), load_heads(tmp_path / "heads", model), prompts, 4, 48)
+    print(f"\nold qwen2-layer draft, ours: τ {before.acceptance_length:.3f} "
+          f"{before.accepted_per_position}; converted: ours τ {comparison.ours.acceptance_length:.3f}, "
+          f"vLLM {comparison.engine.acceptance_length:.3f}")
+    report(comparison, "tiny qwen2 vllm-eagle3 converted from a qwen2 layer")
+    check(comparison, 1.0)
+
+
 # ---- the speculators library reads the vllm-eagle3 folder ----------------------------------------------
 
 SPECULATORS_LOAD = """

@@ -238,6 +238,31 @@ def test_vllm_eagle3_refuses_a_layer_vllm_cannot_build():
     export_eagle("sglang-eagle3", draft)  # SGLang's loader is only read, not run here: the names stay as they were
 
 
+def test_old_qwen2_layer_converts_to_llama_saying_what_it_drops(tmp_path, capsys):
+    """--llama-layer gives an old Qwen2-style EAGLE-3 draft the Llama layer vLLM builds: with zero q/k/v biases
+    the converted draft computes exactly the same; otherwise the warning names each dropped bias and the
+    converted draft is the old one with those biases zeroed."""
+    draft = random_draft("qwen2", "eagle3", layer="base")
+    draft.save_pretrained(tmp_path / "old")
+    with pytest.warns(UserWarning, match=r"qwen2-style draft layer becomes a Llama layer; dropped "
+                                         r"layers.0.self_attn.q_proj.bias \(max \|value\| [0-9.]+\), "
+                                         r"layers.0.self_attn.k_proj.bias .*, layers.0.self_attn.v_proj.bias"):
+        out = export("vllm-eagle3", tmp_path / "old", tmp_path / "vllm", llama_layer=True)
+    back = load_heads(out)
+    assert back.config.layer_config["model_type"] == "llama"
+    assert back.layers[0].self_attn.q_proj.bias is None
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            getattr(draft.layers[0].self_attn, name).bias.zero_()
+    same_outputs(draft.eval(), back.eval())  # the old draft without its biases, nothing else changed
+    with pytest.raises(SystemExit, match="2"):  # argparse's usage error
+        export_main(["--format", "sglang-eagle3", "--heads", str(tmp_path / "old"), "--out", str(tmp_path / "x"),
+                     "--llama-layer"])
+    assert "--llama-layer applies to --format vllm-eagle3 only" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="format 'sglang-eagle3' takes no option llama_layer"):
+        export("sglang-eagle3", tmp_path / "old", tmp_path / "y", llama_layer=True)
+
+
 def test_vllm_eagle3_refuses_a_layer_read_twice():
     """vLLM collects each aux layer once: ids [2, 3, 3] (the default for a 6-layer base) cannot be served."""
     draft = random_draft("llama", "eagle3", aux_layer_ids=[2, 3, 3])

@@ -143,6 +143,12 @@ class EagleLayout:
     def check(self, draft: EagleDraft, source) -> None:
         """Refuse what the engine would load wrongly without a word (REFERENCE §6)."""
 
+    def adapt(self, draft: EagleDraft, source, **options) -> EagleDraft:
+        """The draft as this format will carry it (format-specific options, e.g. speculators' llama_layer)."""
+        if options:
+            raise ValueError(f"format {self.NAME!r} takes no option {', '.join(options)}")
+        return draft
+
     def keeps(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether a draft tensor is written (rotary caches never are)."""
         return not name.startswith("rotary_emb.")
@@ -174,15 +180,16 @@ class EagleLayout:
         tensors = self.to_tensors(draft)  # first: it refuses layers that are not Llama-style
         return self.to_config(draft, model), tensors
 
-    def export(self, heads_dir, out_dir, *, model: str | None = None, overwrite: bool = False) -> Path:
+    def export(self, heads_dir, out_dir, *, model: str | None = None, overwrite: bool = False, **options) -> Path:
         """EagleDraft folder -> a folder of this format; `model` names the base (verifier) where the format
-        records one, default the draft's own base."""
+        records one, default the draft's own base; `options` go to `adapt`."""
         try:
             draft = load_draft(heads_dir)
         except ValueError as err:
             _, raw = read_json_config(heads_dir, what="EAGLE draft")
             hint = " (Medusa heads export as 'vllm-medusa')" if "medusa" in str(raw.get("model_type")) else ""
             raise ValueError(f"format {self.NAME!r} exports EAGLE heads: {err}{hint}") from err
+        draft = self.adapt(draft, heads_dir, **options)
         config, tensors = self.convert(draft, model=model, source=heads_dir)
         out_dir = prepare_out_dir(out_dir, heads_dir, overwrite)
         return write_folder(out_dir, config, tensors)

@@ -11,6 +11,7 @@ twice (vLLM collects each layer once).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from ..eagle import EagleConfig, EagleDraft
@@ -36,7 +37,20 @@ class Speculators(EagleLayout):
         if model_type != "llama":
             raise ValueError(f"{source}: the draft layer is {model_type!r}-style; vLLM's EAGLE-3 loads Llama-style "
                              f"layers only ('Unsupported model_type {model_type} for Eagle3 speculator'). Train the "
-                             f"draft with eagle.layer: llama (the default for EAGLE-3 drafts), whatever the base")
+                             f"draft with eagle.layer: llama (the default for EAGLE-3 drafts), whatever the base, or "
+                             f"convert this one with --llama-layer (it drops the layer's attention biases)")
+
+    def adapt(self, draft: EagleDraft, source, llama_layer: bool = False) -> EagleDraft:
+        """llama_layer: give a draft with another architecture's layer (an old Qwen2-style one) a Llama layer,
+        dropping the attention biases Llama has none of; a warning names each with its largest |value|."""
+        if not llama_layer or draft.config.layer_config.get("model_type") == "llama":
+            return draft
+        converted, dropped = draft.with_llama_layer()
+        lost = ", ".join(f"{name} (max |value| {value:.3g})" for name, value in dropped.items()) or "nothing"
+        warnings.warn(f"{source}: the {draft.config.layer_config.get('model_type')}-style draft layer becomes a Llama "
+                      f"layer; dropped {lost}. Where any is non-zero the draft's guesses change: measure its "
+                      f"acceptance again (scripts/serve_vllm.py)", stacklevel=2)
+        return converted
 
     def to_config(self, draft: EagleDraft, model: str | None) -> dict:
         config = draft.config

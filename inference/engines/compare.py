@@ -91,16 +91,17 @@ def chat_prompts(model: str, texts: list[str]) -> list[list[int]]:
 def compare_with_vllm(format: str, heads_dir: str | Path, prompts: list[list[int]], *, k: int, max_tokens: int,
                       model: str | None = None, dtype: str = "float32", stop_token_ids: list[int] | None = None,
                       export_dir: str | Path | None = None, batch_size: int = 0,
-                      log: str | Path | None = None) -> Comparison:
+                      log: str | Path | None = None, export_options: dict | None = None) -> Comparison:
     """Export `heads_dir` as `format`, serve it in vLLM and decode the same prompts (token ids) ourselves.
 
-    model: the base (default the one the heads name); stop_token_ids: default the base's EOS ids."""
+    model: the base (default the one the heads name); stop_token_ids: default the base's EOS ids;
+    export_options: the format's own (e.g. {"llama_layer": True} for vllm-eagle3, export.py --llama-layer)."""
     from specheads.heads.export import export
 
     model = model or base_model_of(Path(heads_dir))
     with tempfile.TemporaryDirectory(prefix="specheads-export-") as tmp:
         folder = Path(export_dir or Path(tmp) / format)
-        export(format, heads_dir, folder, model=model, overwrite=export_dir is not None)
+        export(format, heads_dir, folder, model=model, overwrite=export_dir is not None, **(export_options or {}))
         base = load_base_model(model, dtype=DTYPES[dtype])
         if stop_token_ids is None:
             stop_token_ids = eos_token_ids(base, load_tokenizer(model))
