@@ -29,6 +29,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .files import EAGLE_MODEL_TYPE, WEIGHTS_NAME, read_typed_config, size_mismatches, write_folder
+from .fingerprint import KEY as FINGERPRINT
+from .fingerprint import check_fingerprint
 from .weights import read_folder_safetensors
 
 MODEL_TYPE = EAGLE_MODEL_TYPE
@@ -270,6 +272,7 @@ class EagleDraft(nn.Module):
         config, extra = cls.read_config(directory)
         if base_model is not None:
             check_compatible(config, base_model.config, source=str(directory))
+            check_fingerprint(extra.get(FINGERPRINT), base_model, f"the draft's weights in {directory}")
         draft = cls(config)
         weights_path = Path(directory) / WEIGHTS_NAME
         state = read_folder_safetensors(directory, WEIGHTS_NAME, device=map_location)

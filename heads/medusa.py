@@ -25,6 +25,8 @@ from torch import nn
 
 from .files import CONFIG_NAME, MEDUSA_MODEL_TYPE, WEIGHTS_NAME, read_json_config, read_typed_config, \
     size_mismatches, update_config, write_folder
+from .fingerprint import KEY as FINGERPRINT
+from .fingerprint import check_fingerprint
 from .weights import read_folder_safetensors
 
 MODEL_TYPE = MEDUSA_MODEL_TYPE
@@ -206,6 +208,7 @@ class MedusaHeads(nn.Module):
         config, extra = cls.read_config(directory)
         if base_model is not None:
             check_compatible(config, base_model.config, source=str(directory))
+            check_fingerprint(extra.get(FINGERPRINT), base_model, f"heads {directory}")
         heads = cls(config)
         weights_path = Path(directory) / WEIGHTS_NAME
         state = read_folder_safetensors(directory, WEIGHTS_NAME, device=map_location)

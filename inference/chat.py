@@ -70,6 +70,8 @@ def load_generator(args) -> SpeculativeGenerator:
                                                     prompt_lookup=args.prompt_lookup, cpu_tuning=not args.untuned_cpu)
     except TreeError as err:  # a tree these heads cannot fill (too deep, ranks beyond their vocabulary)
         raise SystemExit(f"--tree: {err}" if tree is not None else f"the tree stored in {heads}: {err}") from err
+    except (FileNotFoundError, ValueError) as err:  # a missing or damaged model or heads folder: the error names it
+        raise SystemExit(f"chat.py: {err}") from err
 
 
 def answer(generator, messages, args, out) -> str:
