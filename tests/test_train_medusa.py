@@ -60,6 +60,12 @@ def test_training_writes_heads_eval_and_tensorboard(run_config, tmp_path):
     assert len(evaluation["top1"]) == 3 and all(0 <= a <= 1 for a in evaluation["top5"])
     heads_config = json.loads((run / "heads" / "config.json").read_text())
     assert heads_config["num_heads"] == 3 and heads_config["heldout_accuracy"]["top1"] == evaluation["top1"]
+    from transformers import AutoModelForCausalLM
+
+    from specheads.heads.fingerprint import base_fingerprint
+
+    base = AutoModelForCausalLM.from_pretrained(heads_config["base_model_name_or_path"])
+    assert heads_config["base_fingerprint"] == base_fingerprint(base)  # which base they were trained on
     assert any(f.name.startswith("events.out.tfevents") for f in (run / "logs").rglob("*"))
     checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert checkpoints == ["step-000004", "step-000006"]  # keep_checkpoints=2

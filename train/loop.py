@@ -25,6 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.data.models import cpu_supports_bf16, load_base_model, load_tokenizer
+from specheads.heads.fingerprint import KEY as FINGERPRINT
+from specheads.heads.fingerprint import base_fingerprint
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.tokenization import pad_batch, tokenize_conversation
 from specheads.train.checkpoint import (STATE_NAME, checkpoint_dirs, checkpoint_problem, latest_checkpoint,
@@ -430,6 +432,7 @@ def _run_training(cfg, task: Task, resume: bool, accelerator) -> dict:
 
     tokenizer = load_tokenizer(cfg.model.name)
     base = load_base_model(cfg.model.name, cfg.model.dtype, accelerator.device)
+    fingerprint = base_fingerprint(base)  # before DeepSpeed may partition it; saved with the heads
     base.requires_grad_(False)
     train_examples, heldout_examples = load_examples(cfg, tokenizer)
 
@@ -552,8 +555,8 @@ def _run_training(cfg, task: Task, resume: bool, accelerator) -> dict:
     result["rank_checksums"] = rank_checksums(accelerator, module)
     full_state = gathered_state_dict(accelerator, module)
     if main:
-        accelerator.unwrap_model(module).save_pretrained(out / "heads", extra=task.final_extra(result),
-                                                         state_dict=full_state)
+        extra = {**task.final_extra(result), FINGERPRINT: fingerprint}
+        accelerator.unwrap_model(module).save_pretrained(out / "heads", extra=extra, state_dict=full_state)
         write_text_atomic(out / "eval.json", json.dumps(result, indent=2))
         print(f"held-out accuracy of the {task.name} draft (assistant tokens):")
         print(task.format_result(result))
