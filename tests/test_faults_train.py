@@ -308,3 +308,41 @@ def test_truncated_trainer_state_resumes_from_the_newest_complete_checkpoint(tra
     refused = train(config, "--resume", *overrides)
     assert_refused(refused, "--resume", "no readable checkpoint", "step-000002", "step-000004")
     assert snapshot(run) == before
+
+
+# ---- disk full while saving a checkpoint ---------------------------------------------------------
+
+
+def test_disk_full_while_saving_loses_no_checkpoint(trained, run_copy):
+    """A disk that fills up mid-run (an 8 KB file-size limit: the step-6 checkpoint's weights do not fit) stops
+    the run with one line naming the step; the checkpoints and heads that were there are byte for byte as they
+    were, no half-written checkpoint is left, and --resume without the limit goes on from step 4."""
+    config, _ = trained
+    run, overrides = run_copy
+    kept = snapshot(run / "checkpoints", run / "heads")
+    limited = ("import resource, signal\n"
+               "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG\n"
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))\n")
+    result = train(config, "--resume", *overrides, "train.max_steps=8", patch=limited)
+    assert_refused(result, "step-000006")
+    assert snapshot(run / "checkpoints", run / "heads") == kept
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
+    again = train(config, "--resume", *overrides, "train.max_steps=8")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "resumed from" in again.stdout + again.stderr and "step-000004" in again.stdout + again.stderr
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000006", "step-000008"]
+
+
+def test_a_damaged_data_file_is_one_line_naming_file_and_line(trained, tmp_path):
+    """A data line that is JSON but not an object stops the trainer with one line naming the file and line (it was
+    a DataFileError traceback), before anything is written."""
+    config, _ = trained
+    data = tmp_path / "bad.jsonl"
+    write_jsonl(data, synthetic_sharegpt(12))
+    lines = data.read_text().splitlines()
+    lines[4] = "[1, 2, 3]"
+    data.write_text("\n".join(lines) + "\n")
+    before = snapshot(tmp_path)
+    result = train(config, f"data.dataset={data}", f"train.output_dir={tmp_path / 'run'}")
+    assert_refused(result, f"{data}:5")
+    assert snapshot(tmp_path) == before

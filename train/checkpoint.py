@@ -22,6 +22,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 PREFIX = "step-"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, ...); nothing older was touched."""
+
 STATE_NAME = "trainer_state.json"
 
 
@@ -95,6 +100,21 @@ def save_checkpoint(root: str | Path, step: int, heads, optimizer, trainer_state
     root = Path(root)
     final = root / f"{PREFIX}{step:06d}"
     staging = root / f".tmp-{PREFIX}{step:06d}"
+    try:
+        _write_checkpoint(staging, heads, optimizer, trainer_state, state_dict)
+    except Exception as err:  # a full disk, a quota, an I/O error: the older checkpoints are untouched
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointWriteError(f"cannot save checkpoint {final.name} in {root}: {type(err).__name__}: {err}. "
+                                   f"The checkpoints before it are as they were; free space, then --resume") from err
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_checkpoint(staging: Path, heads, optimizer, trainer_state: dict, state_dict: dict | None) -> None:
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
@@ -113,13 +133,6 @@ def save_checkpoint(root: str | Path, step: int, heads, optimizer, trainer_state
     state = dict(trainer_state, optimizer_param_groups=param_groups,
                  python_random=[py_state[0], list(py_state[1]), py_state[2]])
     (staging / STATE_NAME).write_text(json.dumps(state, indent=2))
-
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def load_checkpoint(directory: str | Path, optimizer) -> dict:

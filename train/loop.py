@@ -29,7 +29,7 @@ from specheads.heads.fingerprint import KEY as FINGERPRINT
 from specheads.heads.fingerprint import base_fingerprint
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.tokenization import pad_batch, tokenize_conversation
-from specheads.train.checkpoint import (STATE_NAME, checkpoint_dirs, checkpoint_problem, latest_checkpoint,
+from specheads.train.checkpoint import (STATE_NAME, CheckpointWriteError, checkpoint_dirs, checkpoint_problem, latest_checkpoint,
                                        load_checkpoint, save_checkpoint)
 from specheads.train.config import config_to_dict
 
@@ -315,12 +315,14 @@ class OutputDirLock:
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self.lock = None
+        self.created = False  # the run made the folder: a run that ends having written nothing removes it again
 
     def acquire(self) -> None:
         from filelock import FileLock, Timeout
 
         lock = FileLock(str(self.directory / LOCK_NAME), timeout=0)
         try:
+            self.created = not self.directory.exists()
             self.directory.mkdir(parents=True, exist_ok=True)
             lock.acquire()
         except Timeout:
@@ -342,6 +344,9 @@ class OutputDirLock:
             (self.directory / OWNER_NAME).unlink(missing_ok=True)
             self.lock.release()
             self.lock = None
+            if self.created and {p.name for p in self.directory.iterdir()} <= {LOCK_NAME}:
+                (self.directory / LOCK_NAME).unlink(missing_ok=True)
+                self.directory.rmdir()
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -487,9 +492,13 @@ def _run_training(cfg, task: Task, resume: bool, accelerator) -> dict:
                              "scheduler": scheduler.state_dict(), "config": config_to_dict(cfg)}
             # DeepSpeed's ZeRO optimizer state is partitioned across ranks: its checkpoints keep weights,
             # schedule and data position, and a resumed run restarts the Adam moments.
-            save_checkpoint(checkpoints, step_now, accelerator.unwrap_model(module),
-                            None if uses_deepspeed(accelerator) else optimizer.optimizer,
-                            trainer_state, keep=t.keep_checkpoints, state_dict=full_state)
+            try:
+                save_checkpoint(checkpoints, step_now, accelerator.unwrap_model(module),
+                                None if uses_deepspeed(accelerator) else optimizer.optimizer,
+                                trainer_state, keep=t.keep_checkpoints, state_dict=full_state)
+            except CheckpointWriteError:
+                progress.close()  # the bar's last redraw before the error, not after it
+                raise
         accelerator.wait_for_everyone()
 
     parts = len(task.part_names)
@@ -595,5 +604,11 @@ def train_main(config_class, make_task, argv, description: str) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    run_training(cfg, make_task(cfg), resume=args.resume)
+    from specheads.data.sharegpt import DataFileError
+
+    try:
+        run_training(cfg, make_task(cfg), resume=args.resume)
+    except (CheckpointWriteError, DataFileError, FileNotFoundError) as err:  # each names its file (and line)
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
