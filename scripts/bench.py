@@ -46,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
-from specheads.heads import load_heads
+from specheads.heads import EagleDraft, load_heads
 from specheads.heads.loading import load_medusa_heads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.inference.batched import BatchedTreeDecoder, left_pad
@@ -409,7 +409,7 @@ def load_eagle_drafts(args, methods, model) -> dict:
     by_variant = {}
     for directory in args.eagle_heads.split(","):
         draft = load_heads(directory, model)
-        if not hasattr(draft, "draft_to_target"):
+        if not isinstance(draft, EagleDraft):
             raise SystemExit(f"--eagle-heads: {directory} holds Medusa heads, not an EAGLE draft")
         by_variant[draft.config.variant] = draft
     missing = [m for m in wanted if EAGLE_METHODS[m] not in by_variant]
