@@ -62,6 +62,9 @@ class EagleCandidates:
 
     def __init__(self, draft, model, top_k: int = 8, depth: int = 5, total_tokens: int = 32, min_prob: float = 0.0):
         check_tree_settings(top_k, depth, total_tokens, min_prob)
+        ranked = draft.config.draft_vocab_size or draft.config.vocab_size
+        if top_k > ranked:
+            raise ValueError(f"EAGLE tree top_k {top_k} exceeds the {ranked} tokens the draft ranks")
         self.draft = draft.to(device=model.device, dtype=model.dtype).eval()
         self.draft.set_attention("sdpa")  # its masks are built in the draft's dtype below
         self.embed = model.get_input_embeddings()

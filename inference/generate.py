@@ -45,6 +45,9 @@ def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None,
     if prompt_lookup and heads is None:
         return TreeDecoder(model, candidates=PromptLookupCandidates(device=model.device))
     if isinstance(heads, EagleDraft):
+        if tree is not None:
+            raise ValueError("a static tree (--tree) is for Medusa heads; an EAGLE draft grows its own: set it with "
+                             "top_k / depth / total_tokens / min_prob (--tree-top-k, ...)")
         decoder = TreeDecoder(model, candidates=eagle_candidates(heads, model, eagle_tree))
     else:
         decoder = TreeDecoder(model, heads, tree)

@@ -243,7 +243,10 @@ class Runner:
                              args.lookahead_window, args.lookahead_ngram, args.lookahead_pool, model.device))}
         layers = model.config.num_hidden_layers
         # Shares the base's modules but not its forward hook, so draft forwards are not counted in τ.
-        self.draft = self_draft(model, args.draft_layers or max(1, layers // 4))
+        try:
+            self.draft = self_draft(model, args.draft_layers or max(1, layers // 4))
+        except ValueError as err:
+            raise SystemExit(f"--draft-layers: {err}") from err
         gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
         self.decoders["sps"] = TreeDecoder(model, candidates=DraftModelCandidates(self.draft, gamma, device=model.device))
         tree = json.loads(args.tree) if args.tree else None

@@ -148,6 +148,8 @@ def runs(tmp_path_factory, tiny_llama_dir, heads_dir):
         "bench --tree rank": Started(bench_py, "--model", model, "--heads", heads, "--methods", "medusa",
                                      "--questions", questions, "--max-new-tokens", "4", "--tree", "[[0], [100000]]",
                                      "--out", folder / "out-tree"),
+        "bench --draft-layers": Started(bench_py, "--model", model, "--methods", "baseline,sps", "--draft-layers", "99",
+                                        "--questions", questions, "--max-new-tokens", "4", "--out", folder / "out-sps"),
     }
     yield started, before, (folder, tiny_llama_dir, heads_dir)
     for run in started.values():
@@ -205,6 +207,28 @@ def test_tree_deeper_than_the_heads_chat(tiny_llama_dir, heads_dir):
     with pytest.raises(SystemExit) as err:
         chat.load_generator(args)
     assert str(err.value).startswith("--tree: ") and "2 heads" in str(err.value)
+
+
+@pytest.mark.parametrize("flags, words", [(["--tree", "[[0]]"], "a static tree (--tree) is for Medusa heads"),
+                                          (["--tree-top-k", "100000"], "top_k 100000 exceeds the")])
+def test_eagle_draft_tree_flags_are_checked(tmp_path, tiny_llama_dir, flags, words):
+    """--tree with an EAGLE draft was ignored without a word; a --tree-top-k beyond the draft's vocabulary ended in
+    'selected index k out of range' mid-decoding. Both stop before decoding with one line."""
+    from transformers import AutoConfig
+
+    from specheads.heads import EagleConfig, EagleDraft
+
+    config = AutoConfig.from_pretrained(tiny_llama_dir)
+    EagleDraft(EagleConfig.for_base(config, str(tiny_llama_dir), variant="eagle3")).save_pretrained(tmp_path / "d")
+    args = chat.parse_args(["--model", str(tiny_llama_dir), "--heads", str(tmp_path / "d"), *flags])
+    with pytest.raises(SystemExit) as err:
+        chat.load_generator(args)
+    assert words in str(err.value)
+
+
+def test_bench_draft_layers_beyond_the_model(runs):
+    result = finished(runs, "bench --draft-layers")
+    assert_flag_error(result, "--draft-layers", "99")
 
 
 def test_tree_rank_beyond_the_heads_vocabulary_bench(runs):
