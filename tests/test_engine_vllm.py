@@ -65,6 +65,7 @@ def smol_prompts():
 
 @pytest.mark.parametrize("format, heads, k, min_acceptance", [
     ("vllm-eagle3", "heads/trained/smollm2-135m-eagle3", 5, 1.4),
+    ("vllm-eagle", "heads/trained/smollm2-135m-eagle1", 5, 1.2),
     ("vllm-medusa", "heads/trained/smollm2-135m-medusa1", 4, 1.1),
 ])
 def test_smollm2_committed_heads_in_vllm(smol_prompts, format, heads, k, min_acceptance):
