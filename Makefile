@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup setup-qwen setup-engines test-unit test-engines demo eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
+.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -183,11 +183,15 @@ setup-engines: $(VLLM_STAMP)
 
 # Unit tests: one pytest worker per core (at most 4), each test file on one worker with one thread
 # (tests/conftest.py); then the engine tests, one at a time (each vLLM binds the cores itself).
-test: setup setup-engines
+test: setup setup-engines lint
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 	$(BIN)/python -m pytest -q -m engine -rA
 
 # The unit tests alone (no vLLM needed).
+# Unused or undefined names and syntax errors (ruff, configured in pyproject.toml).
+lint: setup
+	$(BIN)/ruff check .
+
 test-unit: setup
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
