@@ -31,10 +31,14 @@ def _replace_via_temp(path: Path, write) -> Path:
     return path
 
 
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a text file whole or not at all (a temporary file, then os.replace)."""
+    return _replace_via_temp(Path(path), lambda tmp: tmp.write_text(text))
+
+
 def write_json(path: str | Path, data: dict) -> Path:
     """Write `data` as indented JSON through a temporary file and os.replace."""
-    text = json.dumps(data, indent=2) + "\n"
-    return _replace_via_temp(Path(path), lambda tmp: tmp.write_text(text))
+    return write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> Path:

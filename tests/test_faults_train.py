@@ -269,7 +269,7 @@ def test_a_second_run_on_the_same_output_dir_fails_at_once_and_a_killed_one_bloc
         first.stdin.close()
     assert first.returncode == -9
     # the OS dropped the killed holder's lock (its files stay): the next run takes it at once, as the trainer does
-    from specheads.train.loop import OutputDirLock
+    from specheads.train.run_dir import OutputDirLock
 
     assert (run / ".lock").exists() and f"pid {first.pid} " in (run / ".lock.owner").read_text()
     lock = OutputDirLock(run)

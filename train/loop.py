@@ -14,7 +14,6 @@ import json
 import math
 import os
 import random
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -25,13 +24,16 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.data.models import cpu_supports_bf16, load_base_model, load_tokenizer
-from specheads.heads.fingerprint import KEY as FINGERPRINT
-from specheads.heads.fingerprint import base_fingerprint
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.tokenization import pad_batch, tokenize_conversation
-from specheads.train.checkpoint import (STATE_NAME, CheckpointWriteError, checkpoint_dirs, checkpoint_problem, latest_checkpoint,
-                                       load_checkpoint, save_checkpoint)
+from specheads.heads.files import write_text
+from specheads.heads.fingerprint import KEY as FINGERPRINT
+from specheads.heads.fingerprint import base_fingerprint
+from specheads.train.checkpoint import CheckpointWriteError, latest_checkpoint, load_checkpoint, save_checkpoint
 from specheads.train.config import config_to_dict
+from specheads.train.resume import (apply_config_hyperparameters, changed_optimizer_settings, check_same_run,
+                                    flat_config, resume_point)
+from specheads.train.run_dir import OutputDirLock
 
 
 # ---- config sections shared by every trainer -----------------------------------------------
@@ -239,127 +241,6 @@ def rank_checksums(accelerator, module) -> list[float] | None:
     return accelerator.gather(local.reshape(1).to(accelerator.device)).tolist()
 
 
-def flat_config(tree: dict, skip: str | None = None) -> dict:
-    """{"section.key": value} (top-level scalars such as `mode` keep their own name)."""
-    return {f"{section}.{key}" if isinstance(values, dict) else section: value
-            for section, values in tree.items() if section != skip
-            for key, value in (values.items() if isinstance(values, dict) else [(None, values)])}
-
-
-# Settings that decide which examples a checkpoint's data position (micro-batches done) points at.
-DATA_ORDER_KEYS = ("train.batch_size", "train.grad_accum", "train.seed")
-# Optimizer settings a checkpoint restores as they were saved; a resumed run applies the config's (and says so).
-OPTIMIZER_KEYS = ("train.lr", "train.weight_decay", "train.adam_betas")
-
-
-def check_same_run(saved: dict, current: dict, checkpoint, saved_processes: int | None = None,
-                   processes: int | None = None) -> None:
-    """Resuming with another model, data or module layout would silently train something else, and another batch
-    size, accumulation, seed or number of processes would continue from another place in the data."""
-    before, now = flat_config(saved, skip="train"), flat_config(current, skip="train")
-    changed = [f"{name}: {before.get(name)!r} -> {value!r}" for name, value in now.items()
-               if name in before and before[name] != value]
-    before, now = flat_config(saved), flat_config(current)
-    changed += [f"{name}: {before[name]!r} -> {now[name]!r}" for name in DATA_ORDER_KEYS
-                if name in before and before[name] != now[name]]
-    if saved_processes is not None and processes is not None and saved_processes != processes:
-        changed.append(f"processes: {saved_processes} -> {processes}")
-    if changed:
-        raise SystemExit(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
-                         "resume with the saved values or use a new train.output_dir (nothing was changed)")
-
-
-def changed_optimizer_settings(saved: dict, current: dict) -> list[str]:
-    before, now = flat_config(saved), flat_config(current)
-    return [f"{name}: {before[name]!r} -> {now[name]!r}" for name in OPTIMIZER_KEYS
-            if name in before and before[name] != now.get(name)]
-
-
-def apply_config_hyperparameters(optimizer, scheduler, fresh_groups: list[dict]) -> None:
-    """After a checkpoint restored the optimizer and scheduler: the config's hyperparameters (`fresh_groups`, the
-    param groups as built from the config) replace the saved ones, and every group's lr is the schedule's value at
-    the restored step for the config's base lr, exactly what the scheduler computes (LambdaLR.get_lr)."""
-    for group, fresh in zip(optimizer.param_groups, fresh_groups):
-        group.update({key: value for key, value in fresh.items() if key not in ("params", "lr")})
-    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
-    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base_lr * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-
-
-def resume_point(checkpoints: Path, say) -> tuple[Path | None, dict]:
-    """The newest checkpoint whose files all read back, and its trainer state; damaged newer ones are named by `say`.
-    (None, {}) when there is none at all; a SystemExit when every one is damaged."""
-    damaged = []
-    for directory in reversed(checkpoint_dirs(checkpoints)):
-        problem = checkpoint_problem(directory)
-        if problem is None:
-            for name, why in damaged:
-                say(f"warning: checkpoint {name} is damaged ({why}); resuming from {directory}, the newest complete one")
-            return directory, json.loads((directory / STATE_NAME).read_text())
-        damaged.append((directory, problem))
-    if damaged:
-        raise SystemExit(f"--resume: no readable checkpoint under {checkpoints} ("
-                         + "; ".join(f"{d.name}: {why}" for d, why in damaged)
-                         + "); nothing was changed: move them aside to start afresh")
-    return None, {}
-
-
-LOCK_NAME = ".lock"  # in train.output_dir: flock'ed for the whole run (the OS drops it when the process dies)
-OWNER_NAME = ".lock.owner"  # who holds it, for the message of a run that finds it taken
-
-
-class OutputDirLock:
-    """One training run per output_dir: two would share the checkpoints' staging folders and overwrite each other."""
-
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self.lock = None
-        self.created = False  # the run made the folder: a run that ends having written nothing removes it again
-
-    def acquire(self) -> None:
-        from filelock import FileLock, Timeout
-
-        lock = FileLock(str(self.directory / LOCK_NAME), timeout=0)
-        try:
-            self.created = not self.directory.exists()
-            self.directory.mkdir(parents=True, exist_ok=True)
-            lock.acquire()
-        except Timeout:
-            try:
-                owner = (self.directory / OWNER_NAME).read_text().strip()
-            except OSError:
-                owner = ""
-            raise SystemExit(f"train.output_dir {self.directory} is in use by another training run"
-                             f"{f' ({owner})' if owner else ''}: wait for it to end or choose another "
-                             "train.output_dir (nothing was changed)") from None
-        except OSError as err:  # after Timeout, an OSError too
-            raise SystemExit(f"train.output_dir {self.directory}: cannot take its lock: {err}") from None
-        self.lock = lock
-        write_text_atomic(self.directory / OWNER_NAME, f"pid {os.getpid()} on {socket.gethostname()} since "
-                                                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-
-    def release(self) -> None:
-        if self.lock is not None:
-            (self.directory / OWNER_NAME).unlink(missing_ok=True)
-            self.lock.release()
-            self.lock = None
-            if self.created and {p.name for p in self.directory.iterdir()} <= {LOCK_NAME}:
-                (self.directory / LOCK_NAME).unlink(missing_ok=True)
-                self.directory.rmdir()
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file whole or not at all (a temporary name, then os.replace)."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        temporary.write_text(text)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def no_gpu() -> bool:
     mps = getattr(torch.backends, "mps", None)
     xpu = getattr(torch, "xpu", None)
@@ -477,7 +358,7 @@ def _run_training(cfg, task: Task, resume: bool, accelerator) -> dict:
 
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / "train_config.json", json.dumps(config_to_dict(cfg), indent=2))
+        write_text(out / "train_config.json", json.dumps(config_to_dict(cfg), indent=2))
     hparams = {k: (v if isinstance(v, (int, float, str, bool)) else str(v))
                for k, v in flat_config(config_to_dict(cfg)).items()}
     accelerator.init_trackers(task.name, config=hparams)
@@ -566,7 +447,7 @@ def _run_training(cfg, task: Task, resume: bool, accelerator) -> dict:
     if main:
         extra = {**task.final_extra(result), FINGERPRINT: fingerprint}
         accelerator.unwrap_model(module).save_pretrained(out / "heads", extra=extra, state_dict=full_state)
-        write_text_atomic(out / "eval.json", json.dumps(result, indent=2))
+        write_text(out / "eval.json", json.dumps(result, indent=2))
         print(f"held-out accuracy of the {task.name} draft (assistant tokens):")
         print(task.format_result(result))
         if "throughput" in result:
