@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import EagleDraft, load_heads
+from specheads.heads.files import write_json, write_text
 from specheads.heads.loading import load_medusa_heads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.inference.batched import BatchedTreeDecoder, left_pad
@@ -326,6 +327,10 @@ def summarise(records: list[dict], baseline: list[dict] | None, greedy: bool) ->
     if baseline is not None:
         base_tps = sum(r["new_tokens"] / r["seconds"] for r in baseline) / len(baseline)
         summary["speedup"] = summary["tokens_per_s"] / base_tps
+        # how far single questions stray from the mean: a reader can tell a method's effect from a few outliers
+        ratios = sorted((r["new_tokens"] / r["seconds"]) / (b["new_tokens"] / b["seconds"])
+                        for r, b in zip(records, baseline))
+        summary["speedup_per_question"] = {"min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1]}
         if greedy:
             same = [[t["tokens"] for t in r["turns"]] == [t["tokens"] for t in b["turns"]]
                     for r, b in zip(records, baseline)]
@@ -368,7 +373,7 @@ def write_markdown(results: dict, path: Path) -> None:
             s = m["per_category"].get(c)
             cells.append(f"{s.get('speedup', 1.0):.2f}x ({s['tau']:.2f})" if s else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    path.write_text("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
 
 
 def write_plot(results: dict, path: Path) -> None:
@@ -517,8 +522,8 @@ def run_batched(args, model, tokenizer, heads, methods, questions, eagle_drafts=
         lines.append(f"| {method} | {tps:.1f} | {tau} | {summary['speedup']:.2f}x | {summary['greedy_match']:.2f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text("\n".join(lines) + "\n")
+    write_json(out / "results.json", results)
+    write_text(out / "results.md", "\n".join(lines) + "\n")
     print((out / "results.md").read_text())
     return results
 
@@ -594,8 +599,8 @@ def main(argv=None):
         results["accepted_length_histogram"][method] = dict(hist)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "records.json").write_text(json.dumps(records))
+    write_json(out / "results.json", results)
+    write_text(out / "records.json", json.dumps(records))
     write_markdown(results, out / "results.md")
     write_plot(results, out / "results.png")
     print((out / "results.md").read_text())

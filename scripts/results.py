@@ -22,6 +22,8 @@ from pathlib import Path
 
 from bench import machine  # scripts/ is on sys.path when this script runs
 
+from specheads.heads.files import write_text
+
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 # Vicuna-7B, 5 heads, ShareGPT (Medusa paper, via shared/REFERENCE.md)
 VICUNA_TOP1 = [0.56, 0.32, 0.20, 0.15, 0.12]
@@ -238,7 +240,7 @@ def main() -> None:
         raise SystemExit(f"{args.readme}: results markers {START} ... {END} are missing")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    args.readme.write_text(f"{head}{START}\n{section}\n{END}{tail}")
+    write_text(args.readme, f"{head}{START}\n{section}\n{END}{tail}")
     print(section)
 
 

@@ -43,6 +43,8 @@ def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_d
         assert "speedup" in overall
         if name != "baseline":
             assert "greedy_match" in overall
+            spread = overall["speedup_per_question"]  # single questions' speedups around the mean
+            assert 0 < spread["min"] <= spread["median"] <= spread["max"]
     # lossless in fp64: our decoders give HF greedy's tokens
     assert results["methods"]["plain"]["overall"]["greedy_match"] == 1.0
     assert results["methods"]["hf_unpacked"]["overall"]["greedy_match"] == 1.0
