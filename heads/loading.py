@@ -32,16 +32,6 @@ def folder_kind(directory: str | Path) -> str:
     return kind
 
 
-def draft_kind(directory: str | Path) -> str:
-    """"medusa", "eagle1" or "eagle3": what decodes a folder, whatever its format."""
-    kind = folder_kind(directory)
-    if kind == MEDUSA_MODEL_TYPE:
-        return "medusa"
-    if kind == EAGLE_MODEL_TYPE:
-        return EagleDraft.read_config(directory)[0].variant
-    return FORMATS[kind].KIND
-
-
 def load_heads(directory: str | Path, base_model=None) -> MedusaHeads | EagleDraft:
     """Medusa heads or an EAGLE draft from any folder specheads reads; with `base_model`, checked to fit it."""
     kind = folder_kind(directory)

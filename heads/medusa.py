@@ -23,15 +23,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .files import CONFIG_NAME, MEDUSA_MODEL_TYPE, WEIGHTS_NAME, read_json_config, read_typed_config, \
-    size_mismatches, update_config, write_folder
+from .files import MEDUSA_MODEL_TYPE, WEIGHTS_NAME, read_typed_config, size_mismatches, write_folder
 from .fingerprint import KEY as FINGERPRINT
 from .fingerprint import check_fingerprint
 from .weights import read_folder_safetensors
 
 MODEL_TYPE = MEDUSA_MODEL_TYPE
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "MODEL_TYPE", "MedusaConfig", "MedusaHeads", "ResidualBlock",
-           "check_compatible", "read_json_config", "update_config"]
 
 
 @dataclass

@@ -45,7 +45,6 @@ class _Module:
         self.NAME, self.KIND = module.NAME, module.KIND
         self.detect, self.export = module.detect, module.export
         self.load = getattr(module, "load", None)
-        self.module = module
 
 
 FORMATS: dict[str, Format] = {
