@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+REPO = Path(__file__).resolve().parent.parent
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: one thread each, children too
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -58,15 +64,11 @@ def synthetic_sharegpt(n: int, seed: int = 0) -> list[dict]:
     return records
 
 
-@pytest.fixture()
-def run_config(tmp_path, tiny_llama_dir):
-    """A Medusa-1 training config for the tiny Llama: 3 heads, 6 updates, checkpoints every 2."""
-    data = tmp_path / "conversations.jsonl"
-    write_jsonl(data, synthetic_sharegpt(40))
-    config = tmp_path / "tiny.yaml"
-    config.write_text(f"""
+def tiny_train_config(model, data, output_dir, max_steps: int) -> str:
+    """A Medusa-1 training config (YAML) for a tiny model: 3 heads, checkpoints every 2 updates."""
+    return f"""
 model:
-  name: {tiny_llama_dir}
+  name: {model}
   dtype: fp32
 data:
   dataset: {data}
@@ -75,13 +77,49 @@ data:
 heads:
   num_heads: 3
 train:
-  output_dir: {tmp_path / "run"}
-  max_steps: 6
+  output_dir: {output_dir}
+  max_steps: {max_steps}
   batch_size: 4
   grad_accum: 2
   lr: 1.0e-2
   mixed_precision: "no"
   log_every: 1
   save_every: 2
-""")
+"""
+
+
+@pytest.fixture()
+def run_config(tmp_path, tiny_llama_dir):
+    """A Medusa-1 training config for the tiny Llama: 3 heads, 6 updates, checkpoints every 2."""
+    data = tmp_path / "conversations.jsonl"
+    write_jsonl(data, synthetic_sharegpt(40))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(tiny_train_config(tiny_llama_dir, data, tmp_path / "run", max_steps=6))
     return config
+
+
+# ---- fault tests: run entry points as a user does, and prove nothing changed ------------------------
+
+def snapshot(*roots) -> dict[str, str]:
+    """sha256 of every file under these folders (or of these files): the same dict after a refused run means
+    nothing was written or changed."""
+    hashes = {}
+    for root in map(Path, roots):
+        for path in ([root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())):
+            hashes[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashes
+
+
+class Started:
+    """A script started in the background from the repository root, as a user runs it; result() waits for it."""
+
+    def __init__(self, script: str, *args):
+        self.process = subprocess.Popen([sys.executable, script, *map(str, args)], cwd=REPO, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.completed = None
+
+    def result(self, timeout=300) -> subprocess.CompletedProcess:
+        if self.completed is None:
+            out, err = self.process.communicate(timeout=timeout)
+            self.completed = subprocess.CompletedProcess(self.process.args, self.process.returncode, out, err)
+        return self.completed

@@ -4,7 +4,6 @@ chat.py and bench.py are run as a user runs them (subprocesses from the reposito
 point (exit status, stderr, files); the full table of bad values goes through each script's own argument parser.
 """
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -21,28 +20,9 @@ import torch
 
 from specheads.inference import chat
 
+from conftest import Started, snapshot
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def snapshot(*roots) -> dict[str, str]:
-    """sha256 of every file under these folders."""
-    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
-            for root in map(Path, roots) for path in sorted(root.rglob("*")) if path.is_file()}
-
-
-class Started:
-    """A script started in the background from the repository root, as a user runs it; result() waits for it."""
-
-    def __init__(self, script: str, *args):
-        self.process = subprocess.Popen([sys.executable, script, *map(str, args)], cwd=REPO, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.completed = None
-
-    def result(self, timeout=300) -> subprocess.CompletedProcess:
-        if self.completed is None:
-            out, err = self.process.communicate(timeout=timeout)
-            self.completed = subprocess.CompletedProcess(self.process.args, self.process.returncode, out, err)
-        return self.completed
 
 
 def assert_flag_error(result, *names) -> str:

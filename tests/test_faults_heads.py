@@ -3,7 +3,6 @@ export onto a full disk leaves the files that were there as they were.
 
 The entry points run as a user runs them (subprocesses from the repository root)."""
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -16,12 +15,9 @@ import torch
 from specheads.heads import EagleConfig, EagleDraft, MedusaConfig, MedusaHeads, load_heads
 from specheads.heads.fingerprint import KEY, base_fingerprint
 
+from conftest import snapshot
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,8 @@ there before left byte for byte as it was. Questions are checked before any mode
 path that does not exist: reaching it would be a different error).
 """
 
-import hashlib
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,33 +15,9 @@ import pytest
 from specheads.data import sharegpt
 from specheads.data.sharegpt import load_conversations
 
-from conftest import synthetic_sharegpt, write_jsonl
+from conftest import Started, snapshot, synthetic_sharegpt, write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def snapshot(*roots) -> dict[str, str]:
-    """sha256 of every file under these folders (or of these files)."""
-    hashes = {}
-    for root in map(Path, roots):
-        for path in ([root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())):
-            hashes[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return hashes
-
-
-class Started:
-    """A script started in the background from the repository root, as a user runs it; result() waits for it."""
-
-    def __init__(self, script: str, *args):
-        self.process = subprocess.Popen([sys.executable, script, *map(str, args)], cwd=REPO, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.completed = None
-
-    def result(self, timeout=300) -> subprocess.CompletedProcess:
-        if self.completed is None:
-            out, err = self.process.communicate(timeout=timeout)
-            self.completed = subprocess.CompletedProcess(self.process.args, self.process.returncode, out, err)
-        return self.completed
 
 
 def assert_one_line_error(result, *names):

@@ -6,7 +6,6 @@ every file that was there before left byte for byte as it was; or honoured exact
 (4 updates, checkpoints at 2 and 4) is trained once per module; the tests work on copies of it.
 """
 
-import hashlib
 import json
 import math
 import os
@@ -20,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import synthetic_sharegpt, write_jsonl
+from conftest import snapshot, synthetic_sharegpt, tiny_train_config, write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO / "train" / "medusa.py")
@@ -28,27 +27,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model: a second thread on
 
 
 def write_config(directory: Path, model: Path, data: Path, output_dir: Path, text: str = "") -> Path:
+    """tiny.yaml in `directory`: 4 updates of the tiny model (or `text` as it is)."""
     config = directory / "tiny.yaml"
-    config.write_text(text or f"""
-model:
-  name: {model}
-  dtype: fp32
-data:
-  dataset: {data}
-  max_length: 64
-  heldout_size: 8
-heads:
-  num_heads: 3
-train:
-  output_dir: {output_dir}
-  max_steps: 4
-  batch_size: 4
-  grad_accum: 2
-  lr: 1.0e-2
-  mixed_precision: "no"
-  log_every: 1
-  save_every: 2
-""")
+    config.write_text(text or tiny_train_config(model, data, output_dir, max_steps=4))
     return config
 
 
@@ -61,12 +42,6 @@ def train(config, *extra, cwd=REPO, patch=None) -> subprocess.CompletedProcess:
         command = [sys.executable, "-c", patch + f"\nimport sys, specheads.train.medusa as m\nsys.exit(m.main({args!r}))\n"]
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=300, stdin=subprocess.DEVNULL,
                           env=ENV)
-
-
-def snapshot(*roots) -> dict[str, str]:
-    """sha256 of every file under these folders: the same dict after a refusal means nothing was written."""
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
-            for root in roots for p in sorted(Path(root).rglob("*")) if p.is_file()}
 
 
 def assert_refused(result, *names) -> str:
