@@ -1,4 +1,4 @@
-"""scripts/self_distill.py: ShareGPT output, multi-turn order, resume after SIGKILL without loss or duplicates."""
+"""Self-distillation (specheads.data.distill, CLI scripts/self_distill.py): ShareGPT output, multi-turn order, resume after SIGKILL without loss or duplicates."""
 
 import json
 import subprocess
@@ -18,7 +18,7 @@ def conversations(n):
 
 
 def run(args, kill_on_batch=None):
-    code = "import sys\nsys.path.insert(0, 'scripts')\nimport self_distill\n"
+    code = "import specheads.data.distill as self_distill\n"
     if kill_on_batch is not None:
         code += f"""
 import os, signal
@@ -74,3 +74,22 @@ def test_a_damaged_line_inside_the_output_stops_the_run_and_changes_nothing(tmp_
     out.write_bytes(b'{"id": "a"}\n\xff\xfe\n')
     result = run(["--out", str(out), "--dataset", str(tmp_path / "never-read.jsonl")])
     assert result.returncode != 0 and "line 2: not a record" in result.stderr and out.read_bytes() == b'{"id": "a"}\n\xff\xfe\n'
+
+
+def test_numeric_flags_are_checked_when_parsed(capsys):
+    """A value out of range stops the command before anything is read, with argparse's line naming the flag."""
+    import pytest
+
+    from specheads.data.distill import parse_args
+
+    for flag, value, message in [("--batch-size", "0", "must be an integer >= 1, got 0"),
+                                 ("--limit", "-5", "must be an integer >= 1, got -5"),
+                                 ("--max-new-tokens", "x", "must be an integer, got 'x'"),
+                                 ("--temperature", "-1", "must be a number >= 0, got -1"),
+                                 ("--top-p", "1.5", "must be a number in (0, 1], got 1.5")]:
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(["--out", "never-written.jsonl", flag, value])
+        assert exit_info.value.code == 2
+        assert f"argument {flag}: {message}" in capsys.readouterr().err
+    args = parse_args(["--out", "o.jsonl", "--batch-size", "3", "--temperature", "0.7", "--top-p", "0.9"])
+    assert (args.batch_size, args.temperature, args.top_p, args.limit) == (3, 0.7, 0.9, None)

@@ -1,0 +1,173 @@
+"""Self-distillation: regenerate the assistant turns of a ShareGPT-format dataset with the base model itself.
+
+Heads learn to predict what *this* base model will say, which is what speculation must match.
+Each conversation's assistant turns are regenerated in order, the regenerated answers fed back
+(the original answers are dropped). Batched with left padding, bf16 where the CPU has it.
+Resumable: records are appended one complete line at a time; a rerun skips the conversations
+already written (and drops a half-written last line), so nothing is duplicated or lost.
+Output is ShareGPT-format JSONL that `data.dataset` accepts. The command line is scripts/self_distill.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specheads.data.models import load_base_model, load_tokenizer
+from specheads.data.sharegpt import load_conversations, split_heldout
+from specheads.inference.cli import non_negative_float, positive_int, top_p
+from specheads.inference.generate import eos_token_ids
+
+USAGE = """Regenerate the assistant turns of a ShareGPT-format dataset with the base model itself.
+
+    python scripts/self_distill.py --model smollm2-135m-instruct --dataset sharegpt \\
+        --out runs/distill/smollm2-sharegpt.jsonl --limit 1000 --max-new-tokens 256
+
+Heads learn to predict what *this* base model will say, which is what speculation must match.
+Resumable: a rerun skips the conversations already written (and drops a half-written last line).
+Output is ShareGPT-format JSONL that `data.dataset` accepts.
+"""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="self_distill.py", description=USAGE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dataset", default="sharegpt")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--split", choices=["train", "heldout", "all"], default="all",
+                        help="which side of the fixed held-out split to regenerate")
+    parser.add_argument("--heldout-size", type=positive_int, default=200)
+    parser.add_argument("--split-seed", type=int, default=0)
+    parser.add_argument("--limit", type=positive_int, default=None, help="conversations to regenerate")
+    parser.add_argument("--max-turns", type=positive_int, default=1, help="user turns kept per conversation")
+    parser.add_argument("--max-prompt-tokens", type=positive_int, default=512, help="skip longer prompts")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=top_p, default=1.0)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def completed_ids(path: Path) -> set[str]:
+    """Ids already written. Only a torn last line (no newline: the process was killed mid-write) is cut off;
+    any other line that is not a record with an "id" stops the run with the file and line named, and the file
+    is left as it was."""
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    good_end, done = 0, set()
+    for number, line in enumerate(data.splitlines(keepends=True), 1):
+        if not line.endswith(b"\n"):
+            break  # the torn tail
+        try:
+            done.add(json.loads(line)["id"])
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}, line {number}: not a record with an \"id\" ({type(err).__name__}: {err}); "
+                             f"fix or remove that line, nothing was changed") from err
+        good_end += len(line)
+    if good_end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return done
+
+
+@torch.inference_mode()
+def generate_batch(model, tokenizer, histories: list[list[dict]], args, eos) -> tuple[list[str], int]:
+    """One assistant turn for each history (left-padded batch); returns texts and new-token count."""
+    texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    kwargs = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    if args.temperature > 0:
+        kwargs.update(do_sample=True, temperature=args.temperature, top_p=args.top_p)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    out = model.generate(**batch, **kwargs)[:, batch["input_ids"].shape[1]:]
+    answers, new_tokens = [], 0
+    for row in out.tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        new_tokens += cut
+        answers.append(tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
+    return answers, new_tokens
+
+
+def work_list(conversations, tokenizer, max_turns: int, max_prompt_tokens: int, limit: int | None) -> list[tuple]:
+    """(prompt length, id, system turn, user turns) of each conversation to regenerate, in data order: a pure
+    function of the arguments, so a rerun sees the same list."""
+    todo = []
+    for conversation in conversations:
+        users = [m for m in conversation.messages if m["role"] == "user"][:max_turns]
+        system = [m for m in conversation.messages[:1] if m["role"] == "system"]
+        prompt = tokenizer.apply_chat_template(system + users[:1], tokenize=True, add_generation_prompt=True)
+        prompt_length = len(getattr(prompt, "input_ids", prompt))
+        if prompt_length <= max_prompt_tokens:
+            todo.append((prompt_length, conversation.id, system, users))
+        if limit is not None and len(todo) >= limit:
+            break
+    return todo
+
+
+def sharegpt_record(conv_id: str, history: list[dict]) -> dict:
+    return {"id": conv_id, "conversations": [
+        {"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]), "value": m["content"]}
+        for m in history]}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = Path(args.out)
+    try:  # before any model loads: a damaged file stops the run at once
+        done = completed_ids(out)
+    except ValueError as err:
+        raise SystemExit(f"self_distill.py: {err}") from err
+    torch.manual_seed(args.seed)
+    try:  # also before any model loads; a damaged data file is named with its line
+        conversations = load_conversations(args.dataset)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"self_distill.py: --dataset: {err}") from err
+    if args.split != "all":
+        train, heldout = split_heldout(conversations, args.heldout_size, args.split_seed)
+        conversations = train if args.split == "train" else heldout
+    tokenizer = load_tokenizer(args.model)
+    tokenizer.padding_side = "left"
+    model = load_base_model(args.model, args.dtype)
+    eos = eos_token_ids(model, tokenizer)
+
+    todo = work_list(conversations, tokenizer, args.max_turns, args.max_prompt_tokens, args.limit)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Batches of similar prompt length waste little on padding.
+    pending = [item[1:] for item in sorted(todo, key=lambda item: item[0]) if item[1] not in done]
+    print(f"{len(todo)} conversations selected, {len(todo) - len(pending)} already written, {len(pending)} to go")
+
+    progress = tqdm(total=len(todo), initial=len(todo) - len(pending), desc="self-distilling")
+    start, total_tokens = time.time(), 0
+    with open(out, "a", encoding="utf-8") as sink:
+        for i in range(0, len(pending), args.batch_size):
+            group = pending[i:i + args.batch_size]
+            histories = [list(system) for _, system, _ in group]
+            for turn in range(max(len(users) for _, _, users in group)):
+                active = [j for j, (_, _, users) in enumerate(group) if turn < len(users)]
+                for j in active:
+                    histories[j].append(group[j][2][turn])
+                answers, new_tokens = generate_batch(model, tokenizer, [histories[j] for j in active], args, eos)
+                total_tokens += new_tokens
+                for j, answer in zip(active, answers):
+                    histories[j].append({"role": "assistant", "content": answer})
+            for (conv_id, _, _), history in zip(group, histories):
+                sink.write(json.dumps(sharegpt_record(conv_id, history), ensure_ascii=False) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+            progress.update(len(group))
+            progress.set_postfix(tokens_s=f"{total_tokens / (time.time() - start):.0f}")
+    progress.close()
+    elapsed = time.time() - start
+    if total_tokens:
+        print(f"generated {total_tokens} tokens in {elapsed:.0f} s ({total_tokens / elapsed:.0f} tokens/s)")
