@@ -26,7 +26,7 @@ from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads.joint import adapter_of
 from specheads.heads.loading import load_medusa_heads
 from specheads.train.config import load_config
-from specheads.train.loop import load_examples
+from specheads.train.data_order import load_examples
 from specheads.train.medusa import MedusaTrainConfig
 
 

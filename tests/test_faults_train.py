@@ -213,12 +213,12 @@ def test_eagle_number_checks(trained):
 
 PAUSE_AT_MODEL_LOAD = """
 import sys
-import specheads.train.loop as loop
+import specheads.train.trainer as trainer
 def paused(*args, **kwargs):
     print("paused", flush=True)
     sys.stdin.read()  # until the test closes stdin or kills this process
     raise SystemExit(3)
-loop.load_base_model = paused
+trainer.load_base_model = paused
 """
 
 

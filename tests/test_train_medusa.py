@@ -149,7 +149,7 @@ def test_draft_vocabulary_is_the_most_frequent_answer_tokens(run_config, tmp_pat
     from specheads.data.models import load_tokenizer
     from specheads.heads import MedusaHeads
     from specheads.train.config import load_config
-    from specheads.train.loop import load_examples
+    from specheads.train.data_order import load_examples
     from specheads.train.medusa import MedusaTrainConfig
 
     run_training(run_config, "train.max_steps=2", "heads.draft_vocab_size=24")

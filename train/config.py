@@ -1,15 +1,19 @@
-"""Typed, validated training configs.
+"""Typed, validated training configs, and the sections every trainer shares (model, data, train).
 
 A config is a tree of dataclasses loaded from YAML, plus `section.key=value` overrides from
 the command line. Every key must exist, once, and every value must have the declared type; a
 mistake is an error that names the key and the file it came from (and the line, for a repeated key).
+A trainer's config class (train/medusa.py, train/eagle.py) adds its own sections and may have a `schedule`
+(train/schedule.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -142,3 +146,84 @@ def load_config(cls, path: str | Path | None, overrides: list[str] = ()):
 
 def config_to_dict(config) -> dict:
     return dataclasses.asdict(config)
+
+
+# ---- config sections shared by every trainer -----------------------------------------------
+
+@dataclass
+class ModelSection:
+    name: str = "smollm2-135m-instruct"  # built-in name, HF model id or local path
+    dtype: str = "auto"  # dtype of the frozen base: auto | bf16 | fp32 | fp16 | fp64
+
+
+@dataclass
+class DataSection:
+    dataset: str = "sharegpt"  # built-in name, ShareGPT .json/.jsonl path, or HF dataset id
+    max_length: int = 512
+    heldout_size: int = 200
+    split_seed: int = 0
+    max_train_conversations: int | None = None
+    max_heldout_eval: int | None = None  # evaluate on the first N held-out conversations
+
+    def validate(self):
+        if self.max_length < 8:
+            raise ValueError(f"data.max_length must be >= 8, got {self.max_length}")
+        if self.heldout_size < 1:
+            raise ValueError(f"data.heldout_size must be >= 1, got {self.heldout_size}")
+        for name in ("max_train_conversations", "max_heldout_eval"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"data.{name} must be >= 1 (or null: all), got {getattr(self, name)}")
+
+
+def check_finite(section: str, obj, names, minimum: float = 0.0, inclusive: bool = False) -> None:
+    """ValueError naming `section.name` unless each value is a finite number > minimum (>= with inclusive)."""
+    for name in names:
+        value = getattr(obj, name)
+        if not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
+            raise ValueError(f"{section}.{name} must be a finite number {'>=' if inclusive else '>'} {minimum:g}, "
+                             f"got {value}")
+
+
+@dataclass
+class TrainSection:
+    output_dir: str = "runs/medusa"
+    epochs: float = 1.0
+    max_steps: int | None = None  # optimizer updates; overrides epochs when set
+    batch_size: int = 4  # sequences per process per micro-batch
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    adam_betas: list[float] | None = None  # default (0.9, 0.999)
+    warmup_ratio: float = 0.1
+    max_grad_norm: float | None = None
+    head_loss_decay: float = 0.8
+    mixed_precision: str = "auto"  # auto | bf16 | fp16 | no
+    seed: int = 42
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    save_every: int = 100
+    keep_checkpoints: int = 2  # 0: keep all
+
+    def validate(self):
+        if not self.output_dir.strip():
+            raise ValueError(f"train.output_dir must name a folder, got {self.output_dir!r}")
+        if self.mixed_precision not in ("auto", "bf16", "fp16", "no"):
+            raise ValueError(f"train.mixed_precision must be auto, bf16, fp16 or no, got {self.mixed_precision!r}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"train.max_steps must be >= 1 (or null: train.epochs decides), got {self.max_steps}")
+        check_finite("train", self, ("lr", "epochs", "head_loss_decay"))
+        check_finite("train", self, ("weight_decay",), inclusive=True)
+        if self.max_grad_norm is not None and not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"train.max_grad_norm must be a finite number > 0 (or null), got {self.max_grad_norm}")
+        for name in ("batch_size", "grad_accum", "log_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name, note in (("eval_every", ""), ("keep_checkpoints", " (0 keeps all)")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0{note}, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:  # numpy's seed range (accelerate's set_seed seeds numpy too)
+            raise ValueError(f"train.seed must be in [0, 2**32), got {self.seed}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.adam_betas is not None and (len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas)):
+            raise ValueError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")

@@ -1,6 +1,7 @@
 """Train an EAGLE draft head (EAGLE-1 or EAGLE-3) on a frozen base model.
 
     accelerate launch train/eagle.py --config configs/smollm2-135m-eagle3.yaml [section.key=value ...] [--resume]
+    python train/eagle.py --config configs/smollm2-135m-eagle3-recipe.yaml --resume   (a schedule of stages)
 
 At position t the draft reads the base's feature at t and the token x_{t+1}, and predicts the base's
 next-token distribution at t+1 (and, for EAGLE-1, the feature f_{t+1} itself):
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +27,11 @@ from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.features import FeatureSource, feature_cache_dir
 from specheads.train.losses import mix_greedy_target, soft_cross_entropy, unrolled_step_mask
-from specheads.train.loop import (DataSection, DraftTask, ModelSection, TrainSection, check_finite, heldout_batches,
-                                  train_main)
+from specheads.train.cli import train_main
+from specheads.train.config import DataSection, ModelSection, TrainSection, check_finite
+from specheads.train.data_order import heldout_batches
+from specheads.train.schedule import stages
+from specheads.train.task import DraftTask
 from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
 
 
@@ -67,6 +72,13 @@ class EagleTrainConfig:
     data: DataSection = field(default_factory=DataSection)
     eagle: EagleSection = field(default_factory=EagleSection)
     train: TrainSection = field(default_factory=TrainSection)
+    schedule: list[dict] = field(default_factory=list)  # stages (train/schedule.py); empty: one run of this config
+    # what a stage may set besides data.* and the train keys of schedule.STAGE_TRAIN_KEYS
+    stage_keys: ClassVar[dict] = {"eagle": ("greedy_target_weight", "token_loss_weight", "feature_loss_weight",
+                                            "input_noise", "ttt_steps", "eval_steps")}
+
+    def validate(self):
+        stages(self)
 
 
 # ---- the unrolled draft ----------------------------------------------------------------------

@@ -9,14 +9,14 @@ heads learning-rate multiplier and base loss of section `joint`: L_base is the L
 with `joint.base_loss: distill_kl` KL(base without LoRA ‖ adapted base), for self-distilled data.
 Two-stage recipe: train Medusa-1 heads first, then `joint.init_heads: <their folder>`.
 The held-out LM loss of the base without and with the adapter is reported (quality guard).
-The loop, checkpoints and logging are train/loop.py's.
+The run, checkpoints and logging are train/trainer.py's; a `schedule` trains in stages (train/schedule.py).
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,11 @@ from specheads.heads.joint import MedusaWithLoRA, lora_config
 from specheads.train.features import FeatureSource, feature_cache_dir
 from specheads.train.losses import (chunked_medusa_loss, estimated_tau, head_positions, heads_weight_at, medusa2_loss, medusa_loss,
                                     next_token_positions, select_trained_positions, topk_hits)
-from specheads.train.loop import DataSection, DraftTask, ModelSection, TrainSection, heldout_batches, train_main
+from specheads.train.cli import train_main
+from specheads.train.config import DataSection, ModelSection, TrainSection
+from specheads.train.data_order import heldout_batches
+from specheads.train.schedule import stages
+from specheads.train.task import DraftTask
 
 
 @dataclass
@@ -95,8 +99,13 @@ class MedusaTrainConfig:
     train: TrainSection = field(default_factory=TrainSection)
     lora: LoraSection = field(default_factory=LoraSection)  # medusa2 only
     joint: JointSection = field(default_factory=JointSection)  # medusa2 only
+    schedule: list[dict] = field(default_factory=list)  # stages (train/schedule.py); empty: one run of this config
+    # what a stage may set besides data.* and the train keys of schedule.STAGE_TRAIN_KEYS
+    stage_keys: ClassVar[dict] = {"joint": ("heads_weight", "heads_weight_warmup_steps", "heads_weight_schedule",
+                                            "heads_lr_multiplier", "base_loss")}
 
     def validate(self):
+        stages(self)
         if self.mode == "medusa2" and self.heads.cache_hidden_states:
             raise ValueError("heads.cache_hidden_states needs a frozen base (mode medusa1): LoRA changes the states")
         if self.mode == "medusa2" and self.heads.draft_vocab_size:

@@ -1,0 +1,102 @@
+"""A training schedule: one run, one output folder, an ordered list of stages.
+
+    schedule:
+      - name: first
+        train: {epochs: 2, lr: 2.0e-3}
+      - name: more-data
+        data: {dataset: more.jsonl}
+        train: {epochs: 1, lr: 1.0e-3}
+        eagle: {greedy_target_weight: 0.5}
+
+Each stage trains the config as written with that stage's overrides applied (overrides do not carry on to the
+next stage), starting from the module the stage before it ended with, with a fresh optimizer and a fresh
+warm-up + cosine lr schedule over its own updates, its data order from the beginning and the random generators
+re-seeded with train.seed: what a separate run started from the previous stage's weights does (eagle.init_draft,
+joint.init_heads). A stage may set the data section, the train keys of STAGE_TRAIN_KEYS and the loss options its
+config class names in `stage_keys`; the module's shape, the base, the batch size, seed and output folder stay.
+Checkpoints record the stage, so --resume continues mid-stage; each finished stage leaves its heads and
+evaluation in <output_dir>/stages/NN-name/, the last one's are also <output_dir>/heads and eval.json.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from specheads.train.config import _build, config_to_dict
+
+STAGE_TRAIN_KEYS = ("epochs", "max_steps", "lr", "weight_decay", "adam_betas", "warmup_ratio", "max_grad_norm",
+                    "head_loss_decay")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    name: str | None  # None: the run has no schedule (one implicit stage, the config itself)
+    cfg: object  # the config this stage trains with (its schedule empty)
+    count: int = 1
+
+    @property
+    def folder(self) -> str:
+        return f"{self.index + 1:02d}-{self.name}"
+
+    @property
+    def label(self) -> str:
+        return f"stage {self.index + 1}/{self.count} ({self.name})"
+
+
+def settable_keys(config_class) -> dict[str, tuple[str, ...] | None]:
+    """Section -> the keys a stage may set there (None: all of them)."""
+    return {"data": None, "train": STAGE_TRAIN_KEYS, **getattr(config_class, "stage_keys", {})}
+
+
+def stage_tree(tree: dict, index: int) -> dict:
+    """The config tree (as config_to_dict gives it) stage `index` trains with: the sections with its overrides."""
+    merged = {key: dict(value) if isinstance(value, dict) else value for key, value in tree.items()}
+    for section, values in tree["schedule"][index].items():
+        if section != "name":
+            merged[section].update(values)
+    merged["schedule"] = []
+    return merged
+
+
+def _check_stage(entry: dict, tree: dict, allowed: dict, label: str) -> None:
+    shown = ", ".join(f"{section}.*" if keys is None else ", ".join(f"{section}.{k}" for k in keys)
+                      for section, keys in allowed.items())
+    for section, values in entry.items():
+        if section == "name":
+            continue
+        if not isinstance(tree.get(section), dict):
+            raise ValueError(f"{label}: unknown section {section!r} (a stage may set: name, {shown})")
+        if not isinstance(values, dict):
+            raise ValueError(f"{label}.{section} must be a mapping of key: value, got {type(values).__name__} "
+                             f"{values!r}")
+        for key in values:
+            if key not in tree[section]:
+                raise ValueError(f"{label}: unknown key '{section}.{key}' (a stage may set: name, {shown})")
+            if section not in allowed or (allowed[section] is not None and key not in allowed[section]):
+                raise ValueError(f"{label}: {section}.{key} is fixed for the whole run, a stage cannot set it "
+                                 f"(a stage may set: name, {shown})")
+
+
+def stages(config) -> list[Stage]:
+    """The stages of a run: the config's schedule, each stage's config built and validated; ValueError naming
+    the stage and the key. A config without a schedule is one stage, the config itself."""
+    schedule = getattr(config, "schedule", None)
+    if not schedule:
+        return [Stage(0, None, config)]
+    cls, tree, allowed = type(config), config_to_dict(config), settable_keys(type(config))
+    found, names = [], set()
+    for index, entry in enumerate(schedule):
+        name = entry.get("name", f"stage{index + 1}")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ValueError(f"schedule[{index}].name must be letters, digits, '.', '_' or '-' (a folder name), "
+                             f"got {name!r}")
+        if name in names:
+            raise ValueError(f"schedule[{index}].name {name!r} is also an earlier stage's name")
+        names.add(name)
+        label = f"schedule[{index}] ({name})"
+        _check_stage(entry, tree, allowed, label)
+        found.append(Stage(index, name, _build(cls, stage_tree(tree, index), "", label), len(schedule)))
+    return found
