@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
+.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,13 +28,45 @@ $(QWEN_STAMP): $(STAMP)
 
 setup-qwen: $(QWEN_STAMP)
 
-# Train Medusa-1 heads on SmolLM2-135M-Instruct + ShareGPT and print their held-out accuracy, restrict
-# their proposals to the 8192 most frequent answer tokens (92% of held-out answer tokens; the heads' cost
-# per step falls from ~6 to ~1 ms), pick their tree for this machine, then benchmark them (alone, and with prompt
-# lookup trusted by match length: lookup_with_heads) against HF greedy, HF prompt lookup and our prompt lookup.
-# --resume: a second `make demo` continues (or just re-reports) the run instead of redoing it.
-RUN := runs/smollm2-135m-medusa1
+# The whole pipeline in minutes on 2 cores (docs: README "Two commands"): a short Medusa-1 run (configs/demo.yaml,
+# 64 updates; its loss and held-out accuracy every 16 updates are printed), its export for vLLM, one chat answer
+# decoded with the exported heads (a small hand-made tree: build_tree.py would take minutes), and a benchmark of the committed heads (heads/trained/) against HF greedy and HF
+# prompt lookup on 6 dev questions. `make medusa1` is the full recipe behind the committed Medusa heads.
+DEMO := runs/demo
+DEMO_PROMPT ?= Give three tips for writing clear emails.
+DEMO_TREE := [[0],[1],[2],[0,0],[0,1],[0,0,0],[0,0,0,0]]
 demo: setup
+	$(BIN)/python train/medusa.py --config configs/demo.yaml --resume
+	$(BIN)/python -c "$$DEMO_CURVE" $(DEMO)/logs
+	$(BIN)/python scripts/export.py --format vllm-medusa --heads $(DEMO)/heads --out $(DEMO)/export --overwrite
+	$(BIN)/python inference/chat.py --heads $(DEMO)/export --tree '$(DEMO_TREE)' --prompt "$(DEMO_PROMPT)" --max-new-tokens 96
+	$(BIN)/python scripts/bench.py --heads heads/trained/smollm2-135m-medusa1 --eagle-heads heads/trained/smollm2-135m-eagle3 \
+		--methods baseline,hf_prompt_lookup,medusa,medusa_pld,eagle3,eagle3_pld --questions data/questions/sharegpt-dev.jsonl \
+		--temperature 0 --max-new-tokens 96 --max-questions 6 --out $(DEMO)/bench
+
+# Prints the demo run's training loss and held-out head-1 accuracy by update, read from its TensorBoard logs.
+define DEMO_CURVE
+import sys
+from pathlib import Path
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(str(Path(sys.argv[1]) / "medusa")); acc.Reload()  # every event file of the run, resumed ones too
+series = lambda tag: {e.step: e.value for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
+loss, top1, top1_2 = series("train/loss"), series("eval/top1_head1"), series("eval/top1_head2")
+print("update  train loss  held-out top-1 (head 1, head 2)")
+for step in sorted(set(loss) | set(top1)):
+    held = f"{top1[step]:.3f}, {top1_2[step]:.3f}" if step in top1 else ""
+    print(f"{step:>6}  {loss.get(step, float('nan')):>10.3f}  {held}")
+endef
+export DEMO_CURVE
+
+# The full Medusa-1 recipe (~55 minutes on 2 cores, 41 of them training; the committed heads/trained/smollm2-135m-medusa1
+# used its config with heads.draft_vocab_size=8192 from the start): train Medusa-1 heads on SmolLM2-135M-Instruct's own
+# answers and print their held-out accuracy, restrict their proposals to the 8192 most frequent answer tokens (92% of
+# held-out answer tokens; the heads' cost per step falls from ~6 to ~1 ms), pick their tree for this machine, then
+# benchmark them (alone, and with prompt lookup trusted by match length: lookup_with_heads) against HF greedy, HF prompt
+# lookup and our prompt lookup. --resume: a second run continues (or just re-reports) instead of redoing it.
+RUN := runs/smollm2-135m-medusa1
+medusa1: setup
 	$(BIN)/python train/medusa.py --config configs/smollm2-135m.yaml --resume
 	$(BIN)/python scripts/draft_vocab.py --heads $(RUN)/heads --size 8192
 	$(BIN)/python scripts/build_tree.py --heads $(RUN)/heads --prompts 16
@@ -42,17 +74,7 @@ demo: setup
 		--methods baseline,prompt_lookup,pld,medusa,medusa_pld --temperature 0 --max-new-tokens 128 --max-questions 20 \
 		--out $(RUN)/bench
 
-# Train EAGLE-1 (the demo's 800 answers, ~30 minutes) and EAGLE-3 (3,000 answers, 2 epochs ~50 minutes + a third at
-# lr/4 ~16, then 2 epochs on 1,800 more answers ~40, then one more epoch on each file with half of the target moved onto
-# the base's argmax, ~19 + ~10, then one epoch on each of three sets of 3,000 further answers the same way, ~29-33 each,
-# and a second epoch on each of the last two sets at lr/2 from their cached states, ~15-18 each)
-# drafts (base states cached once per run) and benchmark them with EAGLE-2 dynamic trees (shape and min_prob tuned
-# here) against the demo's Medusa heads and HF.
-# The 1,800 more answers (data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl, ~18 minutes) are the next train
-# prompts after the 3,000: self_distill.py --limit 4800 on a copy of the 3,000-answer file (it resumes), last 1,800 lines;
-# the 3,000 further ones (...-4800-7800.jsonl, ~40 minutes) the same with --limit 7800 on a copy of the 4,800, and the
-# 3,000 after those (...-7800-10800.jsonl, ~31 minutes) with --limit 10800 on a copy of the 7,800, and the next 3,000
-# (...-10800-13800.jsonl, ~27 minutes) with --limit 13800 on a copy of the 10,800.
+# EAGLE-1 and EAGLE-3 drafts for SmolLM2 in a chain of 11 runs, trees tuned, benchmarked (each step: docs/training.md).
 EAGLE3_3K := runs/smollm2-135m-eagle3-3k-plus1
 EAGLE3_4800 := runs/smollm2-135m-eagle3-4800
 EAGLE3_G50 := runs/smollm2-135m-eagle3-g50
@@ -89,9 +111,9 @@ eagle: setup
 		--questions data/questions/sharegpt-dev.jsonl --methods baseline,medusa,medusa_pld,eagle2,eagle3,eagle3_pld \
 		--temperature 0 --max-new-tokens 128 --max-questions 20 --out runs/bench-eagle
 
-# Medusa-1 on ShareGPT's original answers vs Medusa-1 on self-distilled answers (the demo's heads) vs Medusa-2
-# (the demo's heads trained on jointly with a LoRA adapter), each with its own tree, in one benchmark run.
-# Needs `make demo` first; ~35 min of training on 2 cores.
+# Medusa-1 on ShareGPT's original answers vs Medusa-1 on self-distilled answers (make medusa1's heads) vs Medusa-2
+# (make medusa1's heads trained on jointly with a LoRA adapter), each with its own tree, in one benchmark run.
+# Needs `make medusa1` first; ~35 min of training on 2 cores.
 M1_SHAREGPT := runs/smollm2-135m-medusa1-sharegpt
 M2 := runs/smollm2-135m-medusa2
 medusa2: setup
@@ -139,8 +161,8 @@ qwen-medusa: setup-qwen
 		--methods $(QWEN_METHODS) --temperature $$t --questions data/questions/sharegpt-dev.jsonl \
 		--max-new-tokens 96 --max-questions 8 --out runs/bench-qwen-medusa-t$$t || exit 1; done
 
-# Every method on SmolLM2 with the demo's heads at T=0 and T=1, against HF greedy, HF prompt lookup and HF
-# assisted generation in the same run (needs `make demo` first; ~35 minutes on 2 cores).
+# Every method on SmolLM2 with make medusa1's heads at T=0 and T=1, against HF greedy, HF prompt lookup and HF
+# assisted generation in the same run (needs `make medusa1` first; ~35 minutes on 2 cores).
 bench-smol: setup
 	for t in 0 1; do $(BIN)/python scripts/bench.py --heads $(RUN)/heads --methods $(SEED_METHODS),medusa,medusa_pld \
 		--temperature $$t --questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 10 \
@@ -153,7 +175,7 @@ distill-qwen: setup-qwen
 	$(BIN)/python scripts/self_distill.py --model $(QWEN) --out $(QWEN_DISTILLED) --split train --limit $(QWEN_LIMIT) \
 		--batch-size 32 --max-new-tokens 160 --max-prompt-tokens 256
 
-# Regenerate the self-distilled training data of the demo (SmolLM2's own answers; ~15 minutes).
+# Regenerate the self-distilled training data of the SmolLM2 recipes (SmolLM2's own answers; ~15 minutes).
 DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl
 distill: setup
 	$(BIN)/python scripts/self_distill.py --out $(DISTILLED) --split train --limit 1200 --batch-size 48 \
