@@ -23,10 +23,11 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .acceptance import greedy_accept
-from .candidates import MedusaCandidates, NoCandidates, keeps_state
+from .candidates import MedusaCandidates, NoCandidates
 from .kv_cache import cache_argument_name, keep_accepted_paths, prepare_cache_for_rollback
+from .source import follows_features
 from .tree import additive_mask
+from .verify import accept, follow, position_budget
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,22 +46,18 @@ class BatchedTreeDecoder:
 
     def __init__(self, model, heads=None, tree=None, candidates=None):
         if candidates is None and heads is not None:
-            tree = tree if tree is not None else (getattr(heads, "extra_config", None) or {}).get("tree")
-            if tree is None:
-                raise ValueError("no tree given and the heads folder holds none: pass tree=")
-            heads.to(device=model.device, dtype=model.dtype).eval()
-            candidates = MedusaCandidates(heads, tree, model.get_output_embeddings(), model.device)
-        stateful = candidates is not None and keeps_state(candidates)
-        if stateful and (hasattr(candidates, "observe") or not hasattr(candidates, "spawn")):
+            candidates = MedusaCandidates.for_model(model, heads, tree)
+        stateful = candidates is not None and candidates.stateful
+        if stateful and candidates.reads_verify_logits:
             raise ValueError(f"{type(candidates).__name__} cannot give each row a copy of its own (spawn): batched "
                              "decoding takes plain, Medusa, prompt-lookup or EAGLE candidates and their combinations")
         if stateful:
-            candidates.spawn()  # a combination copies its parts: a part that cannot be copied fails here, not mid-batch
+            candidates.spawn()  # a source (or a combination's part) that cannot be copied fails here, not mid-batch
         self.model = model
         self.candidates = candidates or NoCandidates(model.device)
         self.per_row = stateful  # one spawned copy of the source per row (EAGLE drafts, combined sources)
-        self.commits = hasattr(self.candidates, "commit")  # a feature-level draft follows each row's accepted tokens
-        self.feature_layers = tuple(getattr(self.candidates, "feature_layers", ()))
+        self.commits = follows_features(self.candidates)  # a feature-level draft follows each row's accepted tokens
+        self.feature_layers = tuple(self.candidates.feature_layers)
         self._features = []
         self._cache_argument = cache_argument_name(model)
         self.base_forwards = 0
@@ -104,6 +101,7 @@ class BatchedTreeDecoder:
         self.forwards_by_row = [0] * len(prompts)
         if max_new_tokens < 1 or not prompts:
             return [[] for _ in prompts]
+        budgets = [position_budget(self.model, len(p), max_new_tokens) for p in prompts]  # as TreeDecoder's
         cache = DynamicCache(config=self.model.config)
         prepare_cache_for_rollback(cache)
         logits, hidden, valid = self._prefill(prompts, pad_token_id, cache)
@@ -122,12 +120,12 @@ class BatchedTreeDecoder:
             alive = []
             for i, row in enumerate(rows):
                 for token in pending[i]:
-                    if len(outputs[row]) >= max_new_tokens:
+                    if len(outputs[row]) >= budgets[row]:
                         break
                     outputs[row].append(token)
                     if token in eos:
                         break
-                if len(outputs[row]) < max_new_tokens and outputs[row][-1] not in eos:
+                if len(outputs[row]) < budgets[row] and outputs[row][-1] not in eos:
                     alive.append(i)
             if not alive:
                 return outputs
@@ -157,12 +155,10 @@ class BatchedTreeDecoder:
             # Accept per row, move the accepted nodes to the front of the block, cut the block.
             accepted = []
             for i, (row_tokens, buffers) in enumerate(proposals):
-                path, bonus = greedy_accept(row_tokens, logits[i, :len(row_tokens)], buffers)
+                path, bonus = accept("greedy", sources[i], row_tokens, logits[i, :len(row_tokens)], buffers)
                 accepted.append(path)
                 contexts[rows[i]].append(pending[i][-1])
-                pending[i] = row_tokens[path[1:]].tolist() + [bonus]
-                if self.commits:
-                    sources[i].commit(pending[i], [f[i, path] for f in self._features])
+                pending[i] = follow(sources[i], row_tokens, path, bonus, [f[i] for f in self._features])
             kept = keep_accepted_paths(cache, width, accepted)
             block = torch.zeros((len(rows), kept), dtype=torch.bool, device=device)
             for i, path in enumerate(accepted):

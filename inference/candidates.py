@@ -17,10 +17,11 @@ import copy
 
 import torch
 
+from .source import CandidateSource, follows_features
 from .tree import TreeBuffers, build_tree_buffers, chain_tree, check_tree_fits
 
 
-class NoCandidates:
+class NoCandidates(CandidateSource):
     """Plain decoding: one token per base forward."""
 
     def __init__(self, device="cpu"):
@@ -30,7 +31,7 @@ class NoCandidates:
         return torch.tensor([root], device=self.buffers.depths.device), self.buffers
 
 
-class MedusaCandidates:
+class MedusaCandidates(CandidateSource):
     """Medusa heads + a static tree of rank paths."""
 
     def __init__(self, heads, tree, lm_head, device="cpu"):
@@ -43,6 +44,17 @@ class MedusaCandidates:
         self.depth = int(self.buffers.depths.max())
         self._root = torch.zeros(1, dtype=torch.long, device=device)
 
+    @classmethod
+    def for_model(cls, model, heads, tree=None) -> "MedusaCandidates":
+        """The heads on the model's device and dtype with `tree`, else the tree stored with the heads."""
+        if tree is None:
+            tree = (getattr(heads, "extra_config", None) or {}).get("tree")
+            if tree is None:
+                raise ValueError("no tree given and the heads folder holds none: pass tree= / --tree "
+                                 "(see scripts/build_tree.py)")
+        heads.to(device=model.device, dtype=model.dtype).eval()
+        return cls(heads, tree, model.get_output_embeddings(), model.device)
+
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         if self.depth == 0:
             return torch.tensor([root], device=hidden.device), self.buffers
@@ -53,7 +65,7 @@ class MedusaCandidates:
         return flat[self.buffers.candidate_index], self.buffers
 
 
-class PromptLookupCandidates:
+class PromptLookupCandidates(CandidateSource):
     """Prompt lookup decoding as a candidate source: copy what followed the last n-gram before."""
 
     def __init__(self, max_ngram: int = 3, num_tokens: int = 10, device="cpu", *, min_ngram: int = 1):
@@ -116,52 +128,49 @@ def merge_token_trees(proposals: list[tuple[torch.Tensor, TreeBuffers]]):
     return torch.tensor(ordered, device=proposals[0][0].device), merged.to(proposals[0][0].device)
 
 
-def keeps_state(source) -> bool:
-    """Whether a source keeps per-generation state (the hooks a decoder calls around steps): batched decoding
-    gives each row a copy of such a source (`spawn`)."""
-    return any(hasattr(source, name) for name in ("begin", "commit", "observe"))
-
-
-class _CombinedSources:
+class _CombinedSources(CandidateSource):
     """Shared by the ways of combining sources: per-generation hooks (`begin`) and a feature-level draft's
     `commit` are passed on, so an EAGLE draft keeps following the accepted tokens whichever source proposed
     them; `spawn` copies the combination for one batch row. Sources with their own acceptance rule or verify
     feedback (sps, lookahead) are refused: a combined tree is verified with the standard rules."""
 
-    def __init__(self, *sources):
+    def __init__(self, *sources: CandidateSource):
         if len(sources) < 2:
             raise ValueError(f"{type(self).__name__} needs at least two sources")
         for source in sources:
-            if hasattr(source, "lossless_accept") or hasattr(source, "observe"):
+            if source.own_acceptance or source.reads_verify_logits:
                 raise ValueError(f"{type(source).__name__} brings its own acceptance or verify feedback; "
                                  f"it cannot be combined with other sources")
-        if len([s for s in sources if hasattr(s, "commit")]) > 1:
+        if sum(follows_features(s) for s in sources) > 1:
             raise ValueError("at most one feature-level draft (e.g. EAGLE) among combined sources")
+        self.stateful = any(s.stateful for s in sources)
+        self.copyable = all(s.copyable for s in sources)
         self._use_sources(sources)
 
     def _use_sources(self, sources) -> None:
-        """Also used by spawn: `commit` is the draft's bound method, so a copy must take its own draft's."""
+        """Also used by spawn: a copy commits to its own copy of the feature-level draft."""
         self.sources = tuple(sources)
-        for source in self.sources:
-            if hasattr(source, "commit"):  # the feature-level draft: its states and commits pass through
-                self.feature_layers = source.feature_layers
-                self.commit = source.commit
+        self._feature_source = next((s for s in self.sources if follows_features(s)), None)
+        self.feature_layers = self._feature_source.feature_layers if self._feature_source else ()
 
     def begin(self, *args) -> None:
         for source in self.sources:
-            if hasattr(source, "begin"):
-                source.begin(*args)
+            source.begin(*args)
+
+    def commit(self, tokens, states) -> None:
+        self._feature_source.commit(tokens, states)  # called only when feature_layers is not empty
 
     def spawn(self):
         """A copy for one row of a batch: a feature-level draft inside gets a copy of its own (its own cache);
         stateless sources (heads, prompt lookup) are shared, and so is FallbackCandidates.steps_by_source
         (summed over the rows)."""
+        if not self.stateful:
+            return self
         for source in self.sources:
-            if keeps_state(source) and not hasattr(source, "spawn"):
-                raise ValueError(f"{type(source).__name__} keeps per-generation state but cannot give each row a "
-                                 "copy of its own (spawn)")
+            if not source.copyable:
+                source.spawn()  # raises, naming the source
         twin = copy.copy(self)
-        twin._use_sources(s.spawn() if hasattr(s, "spawn") else s for s in self.sources)
+        twin._use_sources(s.spawn() for s in self.sources)
         return twin
 
 

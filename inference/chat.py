@@ -13,14 +13,13 @@ exits quietly with status 130, what was already written left as it is.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from specheads.inference.cli import (int_at_least, min_prob, non_negative_float, non_negative_int, positive_int,
-                                     top_p, tree_json)
+from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.cpu_verify import add_untuned_cpu_argument
 from specheads.inference.decoder import SamplingConfig
-from specheads.inference.generate import SpeculativeGenerator, eagle_tree_options
+from specheads.inference.generate import SpeculativeGenerator
+from specheads.inference.methods import add_method_arguments, options_from_args
 from specheads.inference.tree import TreeError
 
 DEFAULT_HEADS = "runs/smollm2-135m-medusa1/heads"
@@ -35,13 +34,7 @@ def parse_args(argv):
     parser.add_argument("--prompt-lookup", action="store_true",
                         help="also draft by copying from the conversation (prompt lookup, trusted by match length; "
                              "bench.py's medusa_pld); with --no-heads, prompt lookup alone")
-    parser.add_argument("--tree", type=tree_json, default=None, help="JSON list of rank paths; default: the tree stored with the heads")
-    parser.add_argument("--tree-top-k", type=positive_int, default=None, help="EAGLE: children kept per expanded node")
-    parser.add_argument("--tree-depth", type=positive_int, default=None, help="EAGLE: draft steps per tree")
-    parser.add_argument("--tree-tokens", type=int_at_least(2), default=None,
-                        help="EAGLE: tree nodes verified per step (the root included)")
-    parser.add_argument("--tree-min-prob", type=min_prob, default=None,
-                        help="EAGLE: leave out nodes whose cumulative draft probability is below this")
+    add_method_arguments(parser)  # --tree, --eagle-top-k ..., --pld-*: the same flags as bench.py's
     parser.add_argument("--dtype", default="auto", help="auto | bf16 | fp32")
     add_untuned_cpu_argument(parser)
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy")
@@ -63,13 +56,15 @@ def load_generator(args) -> SpeculativeGenerator:
         heads = args.heads or (DEFAULT_HEADS if Path(DEFAULT_HEADS).is_dir() else None)
         if heads is None:
             raise SystemExit(f"no heads: pass --heads DIR (e.g. after `make demo`: {DEFAULT_HEADS}) or --no-heads")
-    tree = json.loads(args.tree) if args.tree else None
-    eagle_tree = eagle_tree_options(args.tree_top_k, args.tree_depth, args.tree_tokens, args.tree_min_prob)
     try:
-        return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, tree, eagle_tree=eagle_tree,
-                                                    prompt_lookup=args.prompt_lookup, cpu_tuning=not args.untuned_cpu)
+        options = options_from_args(args)
+    except ValueError as err:
+        raise SystemExit(f"chat.py: {err}") from err
+    try:
+        return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, prompt_lookup=args.prompt_lookup,
+                                                    cpu_tuning=not args.untuned_cpu, options=options)
     except TreeError as err:  # a tree these heads cannot fill (too deep, ranks beyond their vocabulary)
-        raise SystemExit(f"--tree: {err}" if tree is not None else f"the tree stored in {heads}: {err}") from err
+        raise SystemExit(f"--tree: {err}" if options.tree is not None else f"the tree stored in {heads}: {err}") from err
     except (FileNotFoundError, ValueError) as err:  # a missing or damaged model or heads folder: the error names it
         raise SystemExit(f"chat.py: {err}") from err
 

@@ -45,16 +45,25 @@ def add_untuned_cpu_argument(parser) -> None:
                         help="skip the CPU verify tuning of inference/cpu_verify.py (packed fp32/bf16 linears, SDPA GQA)")
 
 
+def _torch_op_exists(namespace, name: str) -> bool:
+    """Whether this PyTorch build registers the operator namespace.name (torch.ops resolves names lazily)."""
+    try:
+        getattr(namespace, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
 @functools.cache  # asked on every packed forward; the answer is fixed for the process
 def mkl_packing_available() -> bool:
     """This PyTorch was built with MKL and exposes the packed-linear ops (x86 builds do)."""
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    return torch.backends.mkl.is_available() and _torch_op_exists(torch.ops.mkl, "_mkl_linear")
 
 
 @functools.cache
 def onednn_bf16_packing_available() -> bool:
     """oneDNN can run bf16 linears from a reordered weight on this CPU (x86 builds, AVX-512 or newer)."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    return (torch.backends.mkldnn.is_available() and _torch_op_exists(torch.ops.mkldnn, "_reorder_linear_weight")
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

@@ -20,10 +20,12 @@ from typing import Iterator
 import torch
 from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .acceptance import children_lists, greedy_accept, lazy_greedy_accept, lossless_accept, typical_accept
+from .acceptance import children_lists, lazy_greedy_accept
 from .candidates import MedusaCandidates, NoCandidates
 from .kv_cache import cache_argument_name, keep_accepted_path, prepare_cache_for_rollback
+from .source import CandidateSource, follows_features
 from .tree import TreeBuffers, additive_mask
+from .verify import accept, follow, position_budget, probabilities
 
 
 @dataclass
@@ -92,14 +94,9 @@ class TreeDecoder:
         self.model = model
         device = model.device
         if candidates is None and heads is not None:
-            if tree is None:
-                tree = (getattr(heads, "extra_config", None) or {}).get("tree")
-                if tree is None:
-                    raise ValueError("no tree given and the heads folder holds none: pass tree= "
-                                     "(see scripts/build_tree.py)")
-            heads.to(device=device, dtype=model.dtype).eval()
-            candidates = MedusaCandidates(heads, tree, model.get_output_embeddings(), device)
-        self.candidates = candidates or NoCandidates(device)
+            candidates = MedusaCandidates.for_model(model, heads, tree)
+        self.candidates: CandidateSource = candidates or NoCandidates(device)
+        self._commits = follows_features(self.candidates)
         self._cache_argument = cache_argument_name(model)
         parameters = inspect.signature(model.forward).parameters
         # The prefill needs logits at the last prompt position only.
@@ -108,7 +105,7 @@ class TreeDecoder:
         # can return no logits and its lm_head is a plain Linear; sources that read every node's logits opt out.
         lm_head = model.get_output_embeddings()
         self._lazy_lm_head = lm_head if ("logits_to_keep" in parameters and isinstance(lm_head, torch.nn.Linear)
-                                         and not hasattr(self.candidates, "observe")) else None
+                                         and not self.candidates.reads_verify_logits) else None
         self._no_logits = {"logits_to_keep": torch.empty(0, dtype=torch.long, device=device)}
         self.stats = DecodeStats()
 
@@ -119,15 +116,9 @@ class TreeDecoder:
                          use_cache=True, output_hidden_states=True, **{self._cache_argument: cache}, **kwargs)
         self.stats.base_forwards += 1
         # Feature-level drafts (EAGLE) read hidden states of chosen layers at the accepted positions.
-        self._features = [out.hidden_states[i][0] for i in getattr(self.candidates, "feature_layers", ())]
+        self._features = [out.hidden_states[i][0] for i in self.candidates.feature_layers]
         return out.logits[0], out.hidden_states[-1][0]
 
-    def _commit(self, next_tokens: list[int], positions) -> None:
-        """Hand a feature-level draft the accepted tokens and the base's states where they were read."""
-        if hasattr(self.candidates, "commit"):
-            start = time.perf_counter()
-            self.candidates.commit(next_tokens, [states[positions] for states in self._features])
-            self.stats.draft_seconds += time.perf_counter() - start  # drafting work, though it runs after verify
 
     def _tree_parts(self, buffers: TreeBuffers):
         """Additive tree mask and children lists, kept on the buffers so a static tree builds them once
@@ -143,22 +134,6 @@ class TreeDecoder:
         """[1, 1, N, prefix + N]: every node sees the whole prefix, then its ancestors and itself."""
         prefix = torch.zeros((tree_mask.shape[0], prefix_length), dtype=tree_mask.dtype, device=tree_mask.device)
         return torch.cat([prefix, tree_mask], dim=1)[None, None]
-
-    @staticmethod
-    def _probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
-        return torch.softmax(warpers(None, logits.float()), dim=-1)
-
-    def _accept(self, rule, tokens, logits, buffers, children, sampling, warpers, generator):
-        """The accepted path (node indices) and the bonus token, by the sampling config's rule."""
-        if rule == "greedy":
-            return greedy_accept(tokens, logits, buffers)
-        if rule == "typical":
-            probs = self._probs(logits, warpers)
-            accepted = typical_accept(tokens, probs, buffers, sampling.typical_epsilon, sampling.typical_delta)
-            return accepted, int(torch.multinomial(probs[accepted[-1]], 1, generator=generator))
-        # a source whose drafts are sampled (not point masses) brings its own exact rule
-        accept = getattr(self.candidates, "lossless_accept", lossless_accept)
-        return accept(tokens, self._probs(logits, warpers), children, generator)
 
     # ---- generation -----------------------------------------------------------------------
 
@@ -179,24 +154,20 @@ class TreeDecoder:
         input_ids = input_ids.to(self.model.device)
         cache = DynamicCache(config=self.model.config)
         prepare_cache_for_rollback(cache)
-        if hasattr(self.candidates, "begin"):  # sources with per-generation state or their own sampling
-            self.candidates.begin(sampling, warpers, generator)
+        self.candidates.begin(sampling, warpers, generator)  # sources with per-generation state or own sampling
 
         # Prefill: the prompt's last position gives the first token and the heads' first guesses.
         length = input_ids.shape[1]
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit is not None:  # every token fed must sit at a position < limit; the last one is never fed
-            if length > limit:
-                raise ValueError(f"the prompt has {length} tokens, more than the model's {limit} positions")
-            max_new_tokens = min(max_new_tokens, limit - length + 1)
+        max_new_tokens = position_budget(self.model, length, max_new_tokens)
         positions = torch.arange(length, device=input_ids.device)[None]
         logits, hidden = self._forward(input_ids, positions, None, cache, **self._last_logits_only)
         if rule == "greedy":
             root = int(logits[-1].argmax())
         else:
-            root = int(torch.multinomial(self._probs(logits[-1:], warpers)[0], 1, generator=generator))
+            root = int(torch.multinomial(probabilities(logits[-1:], warpers)[0], 1, generator=generator))
         last_hidden = hidden[-1]
-        self._commit(input_ids[0, 1:].tolist() + [root], slice(None))
+        if self._commits:  # a feature-level draft reads the prompt: every position's states
+            self.candidates.commit(input_ids[0, 1:].tolist() + [root], self._features)
         stats.draft_seconds = 0.0  # per-step figures count tree steps only
         context = input_ids[0].tolist()  # everything in the cache, for sources that look back
         produced = 0
@@ -230,15 +201,18 @@ class TreeDecoder:
                 verify_end = time.perf_counter()
             else:
                 verify_end = time.perf_counter()
-                accepted, bonus = self._accept(rule, tokens, logits, buffers, children, sampling, warpers, generator)
-            if hasattr(self.candidates, "observe"):  # sources that learn from the verify forward
+                accepted, bonus = accept(rule, self.candidates, tokens, logits, buffers, children, sampling, warpers,
+                                         generator)
+            if self.candidates.reads_verify_logits:  # sources that learn from the verify forward
                 self.candidates.observe(logits, accepted)
             keep_accepted_path(cache, buffers.num_nodes, accepted)
             length += len(accepted)
             last_hidden = hidden[accepted[-1]]
             context.append(root)
-            pending = tokens[accepted[1:]].tolist() + [bonus]
-            self._commit(pending, accepted)
+            follow_start = time.perf_counter()
+            pending = follow(self.candidates, tokens, accepted, bonus, self._features)
+            if self._commits:  # drafting work, though it runs after verify
+                stats.draft_seconds += time.perf_counter() - follow_start
             context.extend(pending[:-1])
             root = bonus
             stats.accepted_lengths.append(len(pending))

@@ -28,6 +28,7 @@ import math
 import torch
 from transformers import DynamicCache
 
+from .source import CandidateSource
 from .tree import additive_mask, buffers_from_parents
 
 
@@ -57,8 +58,11 @@ def check_tree_settings(top_k: int, depth: int, total_tokens: int, min_prob: flo
         raise ValueError(f"EAGLE tree min_prob must be in [0, 1), got {min_prob}")
 
 
-class EagleCandidates:
-    """EAGLE draft + EAGLE-2 dynamic tree as a candidate source of TreeDecoder."""
+class EagleCandidates(CandidateSource):
+    """EAGLE draft + EAGLE-2 dynamic tree as a candidate source of TreeDecoder: a feature-level draft with a
+    cache of its own per generation (stateful), copied per batch row (spawn)."""
+
+    stateful = True
 
     def __init__(self, draft, model, top_k: int = 8, depth: int = 5, total_tokens: int = 32, min_prob: float = 0.0):
         check_tree_settings(top_k, depth, total_tokens, min_prob)
@@ -69,7 +73,7 @@ class EagleCandidates:
         self.draft.set_attention("sdpa")  # its masks are built in the draft's dtype below
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
-        self.feature_layers = draft.config.feature_layers  # the decoder hands us these hidden states
+        self.feature_layers = tuple(draft.config.feature_layers)  # the decoder hands us these hidden states
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
         self.min_score = math.log(min_prob) if min_prob > 0 else -math.inf  # on cumulative log-probabilities
         self.device, self.dtype = model.device, model.dtype

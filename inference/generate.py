@@ -8,52 +8,28 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Generator, Iterator
 
 import torch
 
 from specheads.data.models import load_base_model, load_tokenizer
-from specheads.heads import EagleDraft, load_heads
+from specheads.heads import load_heads
 from specheads.heads.joint import load_adapted_base
 
-from .candidates import PromptLookupCandidates, lookup_with_heads
-from .decoder import DecodeStats, SamplingConfig, TreeDecoder
-from .eagle import EagleCandidates
 from .cpu_verify import prepare_cpu_verify
+from .decoder import DecodeStats, SamplingConfig, TreeDecoder
+from .methods import MethodOptions, build_decoder, method_for
 
 
-def eagle_tree_options(top_k: int | None = None, depth: int | None = None, total_tokens: int | None = None,
-                       min_prob: float | None = None) -> dict:
-    """The EAGLE-2 tree settings a user gave (None = keep the draft's stored or default value)."""
-    given = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens, "min_prob": min_prob}
-    return {key: value for key, value in given.items() if value is not None}
+def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None, prompt_lookup: bool = False,
+                 options: MethodOptions | None = None) -> TreeDecoder:
+    """The decoder for these heads (methods.method_for): Medusa with a static tree, EAGLE with an EAGLE-2 dynamic
+    tree, none: plain decoding; prompt_lookup: with prompt lookup (the method's *_pld form).
 
-
-def eagle_candidates(draft, model, eagle_tree: dict | None = None) -> EagleCandidates:
-    """An EAGLE draft's dynamic-tree source: the tree settings stored with the draft, overridden by eagle_tree."""
-    settings = {**(getattr(draft, "extra_config", {}) or {}).get("eagle_tree", {}), **(eagle_tree or {})}
-    return EagleCandidates(draft, model, **settings)
-
-
-def make_decoder(model, heads=None, tree=None, eagle_tree: dict | None = None,
-                 prompt_lookup: bool = False) -> TreeDecoder:
-    """The decoder for these heads: Medusa with a static tree, EAGLE with an EAGLE-2 dynamic tree.
-
-    eagle_tree: top_k / depth / total_tokens / min_prob; default the settings stored with the draft, else EAGLE-2's shape.
-    prompt_lookup: also copy from the prompt and answer so far (candidates.lookup_with_heads; without heads,
-    prompt lookup alone)."""
-    if prompt_lookup and heads is None:
-        return TreeDecoder(model, candidates=PromptLookupCandidates(device=model.device))
-    if isinstance(heads, EagleDraft):
-        if tree is not None:
-            raise ValueError("a static tree (--tree) is for Medusa heads; an EAGLE draft grows its own: set it with "
-                             "top_k / depth / total_tokens / min_prob (--tree-top-k, ...)")
-        decoder = TreeDecoder(model, candidates=eagle_candidates(heads, model, eagle_tree))
-    else:
-        decoder = TreeDecoder(model, heads, tree)
-    if prompt_lookup:  # the heads' own source (its tree resolved above) inside the lookup combination
-        return TreeDecoder(model, candidates=lookup_with_heads(decoder.candidates, device=model.device))
-    return decoder
+    tree / eagle_tree: shorthands for options.tree / options.eagle_tree (top_k / depth / total_tokens / min_prob);
+    by default the settings stored with the draft."""
+    options = options or MethodOptions(tree=tree, eagle_tree=eagle_tree or {})
+    return build_decoder(method_for(heads, prompt_lookup), model, heads, options)
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -85,7 +61,7 @@ def _held_back(text: str, stop_strings) -> int:
     return keep
 
 
-def stream_text(token_chunks: Iterator[list[int]], tokenizer, stop_strings=()) -> Iterator[str]:
+def stream_text(token_chunks: Generator[list[int], None, None], tokenizer, stop_strings=()) -> Iterator[str]:
     """Turn accepted token chunks into text pieces; stop (and cut) at the first stop string."""
     ids: list[int] = []
     shown = 0
@@ -98,8 +74,7 @@ def stream_text(token_chunks: Iterator[list[int]], tokenizer, stop_strings=()) -
             cut = min(hits)
             if cut > shown:
                 yield text[shown:cut]
-            if hasattr(token_chunks, "close"):
-                token_chunks.close()  # stop decoding now, not at max_new_tokens
+            token_chunks.close()  # stop decoding now, not at max_new_tokens
             return
         safe = len(text) - _held_back(text, stop_strings)
         if safe > shown:
@@ -114,24 +89,24 @@ class SpeculativeGenerator:
     """A base model, its tokenizer and (optionally) draft heads: Medusa with their tree, or EAGLE."""
 
     def __init__(self, model, tokenizer, heads=None, tree=None, eagle_tree: dict | None = None,
-                 prompt_lookup: bool = False):
+                 prompt_lookup: bool = False, options: MethodOptions | None = None):
         self.model = model
         self.tokenizer = tokenizer
-        self.decoder = make_decoder(model, heads, tree, eagle_tree, prompt_lookup)
+        self.decoder = make_decoder(model, heads, tree, eagle_tree, prompt_lookup, options)
         self.eos = eos_token_ids(model, tokenizer)
 
     @classmethod
     def from_pretrained(cls, model: str = "smollm2-135m-instruct", heads: str | None = None,
                         dtype: str = "auto", tree=None, device: str = "cpu",
                         eagle_tree: dict | None = None, prompt_lookup: bool = False,
-                        cpu_tuning: bool = True) -> "SpeculativeGenerator":
+                        cpu_tuning: bool = True, options: MethodOptions | None = None) -> "SpeculativeGenerator":
         """cpu_tuning: CPU verify tuning (inference/cpu_verify.py: packed fp32/bf16 linears, SDPA GQA)."""
         base = load_base_model(model, dtype, device)
         if heads:  # Medusa-2 heads carry the LoRA adapter they were trained with: fold it into the base
             base = load_adapted_base(base, heads)
         draft = load_heads(heads, base) if heads else None
         prepare_cpu_verify(base, draft, enabled=cpu_tuning)
-        return cls(base, load_tokenizer(model), draft, tree, eagle_tree, prompt_lookup)
+        return cls(base, load_tokenizer(model), draft, tree, eagle_tree, prompt_lookup, options)
 
     @property
     def stats(self) -> DecodeStats:

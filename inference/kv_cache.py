@@ -21,8 +21,9 @@ def cache_argument_name(model) -> str:
 def prepare_cache_for_rollback(cache) -> None:
     """Sliding-window layers must keep past states so that `crop` can roll them back."""
     for layer in getattr(cache, "layers", []):
-        if getattr(layer, "is_sliding", False) and hasattr(layer, "activate_past_recording"):
-            layer.activate_past_recording()
+        record = getattr(layer, "activate_past_recording", None)  # transformers versions that have it
+        if getattr(layer, "is_sliding", False) and record is not None:
+            record()
 
 
 def keep_accepted_paths(cache, num_tree_nodes: int, accepted: list[torch.Tensor]) -> int:

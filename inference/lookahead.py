@@ -19,10 +19,13 @@ import random
 
 import torch
 
+from .source import CandidateSource
 from .tree import buffers_from_parents
 
 
-class LookaheadCandidates:
+class LookaheadCandidates(CandidateSource):
+    stateful, reads_verify_logits, copyable = True, True, False
+
     def __init__(self, window: int = 5, ngram: int = 4, pool: int | None = None, device="cpu", seed: int = 0):
         if window < 1 or ngram < 2:
             raise ValueError("lookahead needs window >= 1 and ngram >= 2")

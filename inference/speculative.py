@@ -25,6 +25,7 @@ from transformers import DynamicCache
 
 from .acceptance import speculative_accept
 from .kv_cache import cache_argument_name, prepare_cache_for_rollback
+from .source import CandidateSource
 from .tree import build_tree_buffers, chain_tree
 
 
@@ -75,13 +76,15 @@ def best_gamma(alpha: float, cost_ratio: float, max_gamma: int) -> int:
                key=lambda g: expected_tokens_per_step(alpha, g) / (g * cost_ratio + 1.0))
 
 
-class DraftModelCandidates:
+class DraftModelCandidates(CandidateSource):
     """A draft model proposing a chain of γ tokens from its own KV cache (cropped on rejection).
 
     The cache is kept in step with the decoder's context by longest common prefix, so rejected
     drafts are cropped and accepted ones are not recomputed. Records α (mean Σ min(p, q) over the
     drafted positions; 1[argmax p = draft] at T=0) and c, which drive γ="auto".
     """
+
+    stateful, reads_verify_logits, own_acceptance, copyable = True, True, True, False
 
     def __init__(self, draft_model, gamma: int | str = 4, max_gamma: int = 8, device="cpu"):
         if gamma != "auto" and (not isinstance(gamma, int) or gamma < 1):

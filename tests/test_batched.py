@@ -135,6 +135,8 @@ def test_batched_refuses_sources_it_cannot_copy_per_row():
     class CountingLookup(PromptLookupCandidates):
         """Keeps per-generation state, with no way to copy it per row."""
 
+        stateful, copyable = True, False  # what such a source declares (inference/source.py)
+
         def begin(self, *unused):
             self.calls = 0
 
@@ -146,15 +148,12 @@ def test_batched_refuses_sources_it_cannot_copy_per_row():
 
 
 def test_bench_batch_mode_matches_hf_batched_generate(tmp_path, tiny_llama_dir):
-    import sys
-    from pathlib import Path
 
     from conftest import write_jsonl
     from specheads.data.models import load_base_model
     from specheads.heads import MedusaConfig, MedusaHeads
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    import bench
+    from specheads.inference import bench
 
     base = load_base_model(str(tiny_llama_dir), "fp32")
     torch.manual_seed(0)

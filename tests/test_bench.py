@@ -1,14 +1,12 @@
 """scripts/bench.py end to end on a tiny model: every method, one process, all outputs written."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
 
 
 @pytest.fixture()
@@ -25,7 +23,7 @@ def heads_dir(tmp_path, tiny_llama_dir):
 
 
 def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_dir):
-    import bench
+    from specheads.inference import bench
 
     questions = tmp_path / "q.jsonl"
     questions.write_text(
@@ -61,7 +59,7 @@ def test_bench_writes_results_for_every_method(tmp_path, tiny_llama_dir, heads_d
 
 
 def test_questions_skip_and_limit(tmp_path):
-    import bench
+    from specheads.inference import bench
 
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps({"question_id": str(i), "category": "qa", "turns": ["hi"]}) + "\n"
@@ -73,14 +71,14 @@ def test_questions_skip_and_limit(tmp_path):
 
 
 def test_bench_rejects_unknown_method(tmp_path):
-    import bench
+    from specheads.inference import bench
 
     with pytest.raises(SystemExit, match="unknown method"):
         bench.main(["--methods", "baseline,warp", "--out", str(tmp_path)])
 
 
 def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
-    import bench
+    from specheads.inference import bench
     from transformers import AutoConfig
 
     from specheads.heads import EagleConfig, EagleDraft
@@ -118,7 +116,7 @@ def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
 
 
 def test_tune_eagle_tree_stores_the_fastest_shape(tmp_path, tiny_llama_dir):
-    import tune_eagle_tree
+    from specheads.inference.tuning import eagle_tree as tune_eagle_tree
     from transformers import AutoConfig
 
     from specheads.heads import EagleConfig, EagleDraft
@@ -137,7 +135,7 @@ def test_tune_eagle_tree_stores_the_fastest_shape(tmp_path, tiny_llama_dir):
 
 def test_build_tree_times_the_best_estimated_budgets_and_stores_the_fastest(tmp_path, tiny_llama_dir, heads_dir,
                                                                             monkeypatch):
-    import build_tree
+    from specheads.inference.tuning import medusa_tree as build_tree
     from conftest import synthetic_sharegpt, write_jsonl
 
     from specheads.heads import MedusaHeads
@@ -180,7 +178,7 @@ def test_build_tree_times_the_best_estimated_budgets_and_stores_the_fastest(tmp_
 
 
 def test_tune_eagle_tree_rejects_bad_shapes():
-    import tune_eagle_tree
+    from specheads.inference.tuning import eagle_tree as tune_eagle_tree
 
     args = tune_eagle_tree.parse_args(["--heads", "d", "--shapes", "4,4,10;8,6,26"])
     assert args.shapes == [(4, 4, 10, 0.0), (8, 6, 26, 0.0)]
@@ -191,7 +189,7 @@ def test_tune_eagle_tree_rejects_bad_shapes():
 
 
 def test_results_marks_benchmarks_from_before_pld_combine(tmp_path):
-    import results
+    from specheads.inference.bench import results
 
     for name, extra in (("old", {}), ("new", {"pld_combine": "first"})):
         folder = tmp_path / name
@@ -204,7 +202,7 @@ def test_results_marks_benchmarks_from_before_pld_combine(tmp_path):
 
 
 def test_results_summary_takes_each_method_from_its_largest_then_latest_run(tmp_path):
-    import results
+    from specheads.inference.bench import results
 
     def bench(name, model, temperature, questions, date, speedups):
         folder = tmp_path / name
@@ -236,7 +234,7 @@ def test_results_summary_takes_each_method_from_its_largest_then_latest_run(tmp_
 
 
 def test_results_store_copies_benchmarks_so_a_fresh_clone_can_regenerate_the_section(tmp_path):
-    import results
+    from specheads.inference.bench import results
 
     run = tmp_path / "runs" / "bench-x"
     run.mkdir(parents=True)

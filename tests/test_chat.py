@@ -59,7 +59,7 @@ class CharTokenizer:
 
 def chunks(text, size=2):
     ids = [ord(c) for c in text]
-    return iter([ids[i:i + size] for i in range(0, len(ids), size)])
+    return (ids[i:i + size] for i in range(0, len(ids), size))  # a generator, as TreeDecoder.generate gives
 
 
 def test_stream_text_stops_at_stop_string_without_showing_it():

@@ -4,7 +4,6 @@ chat.py and bench.py are run as a user runs them (subprocesses from the reposito
 point (exit status, stderr, files); the full table of bad values goes through each script's own argument parser.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -41,10 +40,9 @@ def error_lines(result) -> list[str]:
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_under_test", REPO / "scripts" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from specheads.inference import bench
+
+    return bench
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +100,7 @@ def test_bench_rejects_bad_numbers(bench, flag, value, capsys):
 def test_good_numbers_still_parse(bench):
     args = chat.parse_args(["--max-new-tokens", "1", "--top-p", "1", "--temperature", "0", "--top-k", "0",
                             "--tree-min-prob", "0", "--tree-tokens", "2"])
-    assert (args.max_new_tokens, args.top_p, args.temperature, args.top_k, args.tree_min_prob) == (1, 1.0, 0.0, 0, 0.0)
+    assert (args.max_new_tokens, args.top_p, args.temperature, args.top_k, args.eagle_min_prob) == (1, 1.0, 0.0, 0, 0.0)
     args = bench.parse_args(["--gamma", "3", "--skip-questions", "0", "--top-p", "0.9", "--eagle-min-prob", "0.5"])
     assert (args.gamma, args.skip_questions, args.top_p, args.eagle_min_prob) == ("3", 0, 0.9, 0.5)
     assert bench.parse_args([]).gamma == "auto"

@@ -6,7 +6,6 @@ there before left byte for byte as it was. Questions are checked before any mode
 path that does not exist: reaching it would be a different error).
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -50,10 +49,9 @@ def assert_data_error(err, prefix, *words):
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_under_test", REPO / "scripts" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from specheads.inference import bench
+
+    return bench
 
 
 GOOD_QUESTION = {"question_id": "q0", "category": "qa", "turns": ["Hello", "And then?"]}

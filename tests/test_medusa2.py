@@ -3,7 +3,6 @@
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -205,8 +204,7 @@ def test_missing_adapter_is_a_clear_error(medusa2_run, tiny_llama_dir):
 
 
 def test_bench_compares_heads_sets_each_against_its_own_model(medusa2_run, tmp_path, tiny_llama_dir):
-    sys.path.insert(0, str(REPO / "scripts"))
-    import bench
+    from specheads.inference import bench
 
     questions = tmp_path / "q.jsonl"
     write_jsonl(questions, [{"question_id": f"q{i}", "category": "qa", "turns": [f"Count the words from {w}."]}

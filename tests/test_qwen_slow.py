@@ -35,11 +35,8 @@ def test_qwen_builtin_loads_and_speculation_is_lossless_fp32():
         for name, decoder in decoders.items():
             assert decoder.generate_ids(prompt, 40, eos_token_ids=eos) == expected[-1], name
     # batched: equal to HF's batched greedy on the same left-padded batch
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from bench import hf_generate_batch
+    from specheads.inference.bench import hf_generate_batch
 
     batched = BatchedTreeDecoder(model, candidates=PromptLookupCandidates(3, 8))
     assert (batched.generate(prompts, 40, eos, pad_token_id=tokenizer.pad_token_id)

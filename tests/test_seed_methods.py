@@ -296,11 +296,8 @@ def test_lookahead_tree_layout():
 
 
 def test_bench_runs_the_seed_methods(tmp_path, tiny_llama_dir):
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    import bench
+    from specheads.inference import bench
 
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello", "And then?"]}) + "\n")

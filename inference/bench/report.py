@@ -1,0 +1,159 @@
+"""What a benchmark run reports: per-method summaries, the run's header, results.json / results.md / results.png.
+
+Single-row runs (one question at a time) and batched runs (--batch-size) share the header (`run_header`),
+the writer (`write_results`) and the first line of results.md (`header_line`); their tables differ: a single-row
+run reports the mean of per-question tokens/s and a table per category, a batched run total tokens over total
+seconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from specheads.heads.files import write_json, write_text
+from specheads.inference.cpu_verify import cpu_verify_settings
+
+
+def summarise(records: list[dict], baseline: list[dict] | None, greedy: bool) -> dict:
+    tokens_per_s = [r["new_tokens"] / r["seconds"] for r in records]
+    summary = {"questions": len(records), "tokens_per_s": sum(tokens_per_s) / len(records),
+               "tau": sum(r["new_tokens"] for r in records) / max(sum(r["forwards"] for r in records), 1),
+               "new_tokens": sum(r["new_tokens"] for r in records)}
+    steps = [t for r in records for t in r["turns"] if t.get("step_seconds")]
+    if steps:  # our decoders: whole step time over (tree forward + drafting)
+        summary["step_overhead"] = (sum(t["step_seconds"] for t in steps)
+                                    / sum(t["verify_seconds"] + t["draft_seconds"] for t in steps))
+    summary["speedup"] = 1.0  # the baseline against itself
+    if baseline is not None:
+        base_tps = sum(r["new_tokens"] / r["seconds"] for r in baseline) / len(baseline)
+        summary["speedup"] = summary["tokens_per_s"] / base_tps
+        # how far single questions stray from the mean: a reader can tell a method's effect from a few outliers
+        ratios = sorted((r["new_tokens"] / r["seconds"]) / (b["new_tokens"] / b["seconds"])
+                        for r, b in zip(records, baseline))
+        summary["speedup_per_question"] = {"min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1]}
+        if greedy:
+            same = [[t["tokens"] for t in r["turns"]] == [t["tokens"] for t in b["turns"]]
+                    for r, b in zip(records, baseline)]
+            summary["greedy_match"] = sum(same) / len(same)
+    return summary
+
+
+def machine() -> str:
+    cpu = platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads"
+
+
+def run_header(args, model, command: str, questions: int) -> dict:
+    """What every results.json starts with: how the run was made and on what."""
+    header = {"command": command, "model": args.model, "heads": args.heads, "eagle_heads": args.eagle_heads,
+              "dtype": str(model.dtype), "cpu_verify": cpu_verify_settings(model),
+              "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+              "pld_combine": args.pld_combine, "pld_heads_tree": args.pld_heads_tree,
+              "pld_trusted": ([args.pld_trusted_ngram, args.pld_trusted_tokens]
+                              if args.pld_combine == "by-match" else None)}
+    if args.batch_size:
+        header["batch_size"] = args.batch_size
+    return {**header, "questions": questions, "machine": machine(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {}}
+
+
+def header_line(results: dict) -> str:
+    mode = (f"batch {results['batch_size']}, greedy" if results.get("batch_size")
+            else f"T={results['temperature']}")
+    unit = "first turns" if results.get("batch_size") else "questions"
+    return (f"Model {results['model']} ({results['dtype']}), {mode}, max {results['max_new_tokens']} new tokens, "
+            f"{results['questions']} {unit}; {results['date']}, {results['machine']}.")
+
+
+def single_markdown(results: dict) -> list[str]:
+    """results.md of a single-row run: the overall table, then speedup (τ) per category."""
+    methods = results["methods"]
+    categories = sorted({c for m in methods.values() for c in m["per_category"]})
+    lines = [header_line(results), "",
+             "| method | τ | tokens/s | speedup | greedy match | step / (forward + draft) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, m in methods.items():
+        o = m["overall"]
+        match = f"{o['greedy_match']:.2f}" if "greedy_match" in o else "–"
+        overhead = f"{o['step_overhead']:.3f}" if "step_overhead" in o else "–"
+        lines.append(f"| {name} | {o['tau']:.2f} | {o['tokens_per_s']:.1f} | {o.get('speedup', 1.0):.2f}x | {match} "
+                     f"| {overhead} |")
+    if "hf_unpacked" in methods:
+        stock = methods["hf_unpacked"]["overall"]["tokens_per_s"]
+        lines += ["", f"Against `hf_unpacked` (HF `generate` on stock PyTorch linears, {stock:.1f} tokens/s): " + ", ".join(
+            f"{name} {m['overall']['tokens_per_s'] / stock:.2f}x" for name, m in methods.items() if name != "hf_unpacked") + "."]
+    lines += ["", "Speedup (τ) per category:", "", "| method | " + " | ".join(categories) + " |",
+              "|---|" + "---:|" * len(categories)]
+    for name, m in methods.items():
+        cells = []
+        for c in categories:
+            s = m["per_category"].get(c)
+            cells.append(f"{s.get('speedup', 1.0):.2f}x ({s['tau']:.2f})" if s else "–")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def batched_markdown(results: dict) -> list[str]:
+    """results.md of a batched run: total tokens/s, τ per row, speedup and greedy match per method."""
+    lines = [header_line(results), "",
+             "| method | total tokens/s | τ per row | speedup | greedy match |", "|---|---:|---:|---:|---:|"]
+    for method, m in results["methods"].items():
+        s = m["overall"]
+        tau = f"{s['tau']:.2f}" if "tau" in s else "–"
+        lines.append(f"| {method} | {s['tokens_per_s']:.1f} | {tau} | {s['speedup']:.2f}x | {s['greedy_match']:.2f} |")
+    return lines
+
+
+def write_plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = results["methods"]
+    categories = sorted({c for m in methods.values() for c in m["per_category"]})
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    width = 0.8 / max(len(methods), 1)
+    for i, (name, m) in enumerate(methods.items()):
+        xs = [j + i * width for j in range(len(categories))]
+        axes[0].bar(xs, [m["per_category"].get(c, {}).get("speedup", 0) for c in categories], width, label=name)
+        axes[1].bar(xs, [m["per_category"].get(c, {}).get("tau", 0) for c in categories], width, label=name)
+    for ax, title in ((axes[0], "speedup vs HF greedy"), (axes[1], "τ (tokens per base forward)")):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=30)
+        ax.set_title(title)
+        ax.legend()
+    histograms = {name: hist for name, hist in results["accepted_length_histogram"].items() if hist}
+    bar = 0.8 / max(len(histograms), 1)
+    for i, (name, hist) in enumerate(histograms.items()):
+        lengths = sorted(int(k) for k in hist)
+        total = sum(hist.values())
+        axes[2].bar([length + i * bar for length in lengths], [hist[str(length)] / total for length in lengths],
+                    bar, label=name)
+    axes[2].set_title("tokens per step (accepted + bonus), fraction of steps")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def write_results(out, results: dict, records: dict | None = None) -> str:
+    """OUT/results.json and results.md (single-row runs also records.json and results.png), each written to a
+    temporary file and renamed; returns the markdown."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = "\n".join(batched_markdown(results) if results.get("batch_size") else single_markdown(results)) + "\n"
+    write_json(out / "results.json", results)
+    if records is not None:
+        write_text(out / "records.json", json.dumps(records))
+    write_text(out / "results.md", markdown)
+    if not results.get("batch_size"):
+        write_plot(results, out / "results.png")
+    return markdown

@@ -1,0 +1,252 @@
+"""Regenerate the results pages from finished training runs and benchmarks.
+
+    python scripts/results.py --run runs/smollm2-135m-medusa1 [--run runs/smollm2-135m-eagle3 ...] \
+        [--bench runs/bench-eagle ...] [--readme README.md] [--page docs/results.md]
+
+Reads each run's eval.json and train_config.json (Medusa or EAGLE; a saved heads folder such as
+heads/trained/<name> works too), and each extra benchmark's
+results.json/results.md, and replaces the text between the results markers of docs/results.md (--page) with
+the tables, the commands, date and machine, and between the README's markers with the summary table alone.
+
+--store data/benchmarks copies each benchmark's results.json and results.md there first (runs/ is not
+committed) and names the copies in the section's command, so a fresh clone regenerates the same section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+from pathlib import Path
+
+from specheads.heads.files import write_text
+
+from .report import machine
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+# Vicuna-7B, 5 heads, ShareGPT (Medusa paper, via shared/REFERENCE.md)
+VICUNA_TOP1 = [0.56, 0.32, 0.20, 0.15, 0.12]
+VICUNA_TOP5 = [0.78, 0.56, 0.42, 0.34, 0.30]
+
+
+def stored_heads_config(run: Path) -> dict:
+    """The heads' config.json (with what build_tree.py / tune_eagle_tree.py stored there), {} if absent.
+
+    `run` is a training run folder (heads/ inside) or a saved heads folder such as heads/trained/<name>.
+    """
+    for path in (run / "heads" / "config.json", run / "config.json"):
+        if path.is_file():
+            return json.loads(path.read_text())
+    return {}
+
+
+def heldout_result(run: Path) -> dict:
+    """The run's eval.json, or for a saved heads folder the held-out accuracy its config.json carries."""
+    if (run / "eval.json").is_file():
+        return json.loads((run / "eval.json").read_text())
+    stored = stored_heads_config(run).get("heldout_accuracy")
+    if stored is None:
+        raise SystemExit(f"{run}: neither eval.json nor a config.json with heldout_accuracy")
+    return stored
+
+
+def trained_by(run: Path, script: str) -> str:
+    """Where the numbers come from: a training run's output folder, or a committed heads folder and its recipe."""
+    if (run / "eval.json").is_file():
+        return f"`python {script} --config ...` -> {run}"
+    return f"committed as {run}, recipe in {run.parent / 'README.md'}"
+
+
+def render_eagle(run: Path, result: dict, config: dict) -> str:
+    data, eagle = config["data"], config["eagle"]
+    rows = ["| draft step | top-1 | top-5 |", "|---:|---:|---:|"]
+    rows += [f"| {k + 1} | {t1:.3f} | {t5:.3f} |" for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"]))]
+    details = f", draft vocabulary {eagle['draft_vocab_size']}" if eagle["variant"] == "eagle3" else ""
+    if eagle.get("greedy_target_weight"):
+        details += f", {eagle['greedy_target_weight']:g} of the target on the base's argmax"
+    if eagle.get("init_draft"):
+        details += f", starting from {eagle['init_draft']}"
+    lines = [f"{eagle['variant'].upper()} draft on **{config['model']['name']}** ({data['dataset']}, "
+             f"{data['max_train_conversations'] or 'all'} training conversations, {config['train']['epochs']:g} epochs, "
+             f"training-time test {eagle['ttt_steps']} steps{details}; {trained_by(run, 'train/eagle.py')}). "
+             f"Held-out: how often draft step i's top-1/top-5 holds the base's greedy token, the draft fed its own "
+             f"features ({int(result['tokens'][0])} assistant tokens):", "", *rows]
+    if "throughput" in result:
+        tp = result["throughput"]
+        lines += ["", f"Training throughput (last process run): {tp['samples_per_s']:.2f} samples/s."]
+    tuned = stored_heads_config(run).get("eagle_tree_measurements")
+    if tuned:
+        lines += ["", f"Tree shapes timed by `scripts/tune_eagle_tree.py` (plain decoding {tuned['plain_tokens_per_s']:.1f} "
+                  "tokens/s in the same run; max nodes, fewer where min_prob leaves unlikely ones out):", "",
+                  "| top_k | depth | nodes | min_prob | τ | tokens/s | vs plain |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {c['top_k']} | {c['depth']} | {c['total_tokens']} | {c.get('min_prob', 0.0):g} | {c['tau']:.2f} | "
+                  f"{c['tokens_per_s']:.1f} | {c['speedup']:.2f}x |" for c in tuned["candidates"]]
+    return "\n".join(lines)
+
+
+def render_bench(directory: Path) -> str:
+    results = json.loads((directory / "results.json").read_text())
+    command = results.get("command", "scripts/bench.py")
+    note = ""
+    if "pld_combine" not in results and "_pld" in command:  # run before --pld-combine existed: always merged
+        note = " (run before `--pld-combine`: medusa_pld/eagle3_pld are merged trees, as `--pld-combine merge` now)"
+    elif results.get("pld_combine") == "first" and "_pld" in command and "--pld-combine" not in command:
+        note = " (run when `--pld-combine first` was the default: the lookup chain whenever it matches, else the heads)"
+    return "\n".join([f"Benchmark `{command}`{note}:", "", (directory / "results.md").read_text().strip()])
+
+
+def summary_rows(bench_dirs: list[Path]) -> dict[tuple, tuple[dict, Path]]:
+    """For each (model, temperature, method), the row of the benchmark with the most questions, latest on ties.
+
+    Not the fastest run: that would pick each method's luckiest question set. Every speedup is against HF
+    `generate` in the same process run, so rows from different runs compare.
+    """
+    chosen: dict[tuple, tuple[dict, Path, tuple]] = {}
+    for directory in bench_dirs:
+        results = json.loads((directory / "results.json").read_text())
+        if results.get("batch_size"):  # throughput runs (no categories) stay in their own tables
+            continue
+        rank = (results.get("questions", 0), results.get("date", ""))
+        unpacked = results["methods"].get("hf_unpacked")
+        for method, row in results["methods"].items():
+            key = (results["model"], results["temperature"], method)
+            if key not in chosen or rank >= chosen[key][2]:
+                if unpacked:  # the same run's HF generate on stock linears: what a user without specheads gets
+                    ratio = row["overall"]["tokens_per_s"] / unpacked["overall"]["tokens_per_s"]
+                    row = {**row, "overall": {**row["overall"], "vs_unpacked": ratio}}
+                chosen[key] = (row, directory, rank)
+    return {key: (row, directory) for key, (row, directory, _) in chosen.items()}
+
+
+def render_summary(bench_dirs: list[Path]) -> str:
+    """One table per model and temperature: every method's run from summary_rows, with its speedup per category."""
+    best = summary_rows(bench_dirs)
+    sections = []
+    for model, temperature in sorted({(m, t) for m, t, _ in best}):
+        keys = [key for key in best if key[:2] == (model, temperature)]
+        categories = sorted({c for key in keys for c in best[key][0]["per_category"]})
+        rows = [f"**{model}**, T={temperature:g} (speedup against HF `generate` on the same packed model in the same "
+                "run, τ in brackets; vs unpacked: against HF `generate` on stock PyTorch linears, where the run had it):", "",
+                "| method | τ | tokens/s | speedup | vs unpacked | " + " | ".join(categories) + " | run |",
+                "|---|---:|---:|---:|---:|" + "---:|" * len(categories) + "---|"]
+        for key in sorted(keys, key=lambda k: -best[k][0]["overall"]["speedup"]):
+            row, directory = best[key]
+            overall, per_category = row["overall"], row["per_category"]
+            cells = [f"{per_category[c]['speedup']:.2f}x ({per_category[c]['tau']:.2f})" if c in per_category else "–"
+                     for c in categories]
+            stock = f"{overall['vs_unpacked']:.2f}x" if "vs_unpacked" in overall else "–"
+            rows.append(f"| {key[2]} | {overall['tau']:.2f} | {overall['tokens_per_s']:.1f} | "
+                        f"**{overall['speedup']:.2f}x** | {stock} | " + " | ".join(cells) + f" | {directory.name} |")
+        sections.append("\n".join(rows))
+    return "\n\n".join(["### Summary: each method in its largest benchmark (latest on ties)", *sections, "### Benchmarks"])
+
+
+def render(run: Path) -> str:
+    result = heldout_result(run)
+    config = json.loads((run / "train_config.json").read_text())
+    if "eagle" in config:
+        return render_eagle(run, result, config)
+    rows = ["| head | top-1 | top-5 | Vicuna-7B top-1 / top-5 |", "|---:|---:|---:|---:|"]
+    for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"])):
+        ref = f"{VICUNA_TOP1[k]:.2f} / {VICUNA_TOP5[k]:.2f}" if k < len(VICUNA_TOP1) else ""
+        rows.append(f"| {k + 1} | {t1:.3f} | {t5:.3f} | {ref} |")
+    data, heads, train = config["data"], config["heads"], config["train"]
+    heads_config = stored_heads_config(run)
+    vocabulary = ""
+    if heads_config.get("draft_vocab_size"):
+        vocabulary = f", draft vocabulary {heads_config['draft_vocab_size']}"
+        if not heads.get("draft_vocab_size"):  # given after training
+            coverage = heads_config.get("draft_vocab_heldout_coverage")
+            vocabulary += (" (given after training by scripts/draft_vocab.py" +
+                           (f", {coverage:.1%} of held-out answer tokens)" if coverage is not None else ")"))
+    medusa2 = config.get("mode") == "medusa2"
+    kind = "Medusa-2 heads (joint with LoRA r={r}, λ0={l}, {b} base loss)".format(
+        r=config["lora"]["r"], l=config["joint"]["heads_weight"], b=config["joint"]["base_loss"]) if medusa2 else "Medusa-1 heads"
+    lines = [
+        f"{kind} on **{config['model']['name']}**, {heads['num_heads']} heads x {heads['num_layers']} block, "
+        f"{'own' if heads['own_lm_head'] else 'shared'} lm_head{vocabulary}, {data['dataset']} "
+        f"({data['max_train_conversations'] or 'all'} training conversations, {train['epochs']:g} epoch(s), "
+        f"max {data['max_length']} tokens; {trained_by(run, 'train/medusa.py')}), "
+        f"held-out per-head accuracy on {int(result['tokens'][0])} assistant tokens:",
+        "",
+        *rows,
+        "",
+        f"Estimated chain τ (1 + Σ_k Π_j≤k top-1_j): **{result['estimated_tau']:.2f}**.",
+    ]
+    if medusa2:
+        lines.append(f"Held-out LM loss of the base: {result['lm_loss_before']:.4f} without the adapter, "
+                     f"{result['lm_loss_after']:.4f} with it.")
+    if "throughput" in result:
+        tp = result["throughput"]
+        lines.append(f"Training throughput: **{tp['samples_per_s']:.2f} samples/s** "
+                     f"({tp['tokens_per_s']:.0f} tokens/s, {tp['samples']} samples in {tp['seconds']:.0f} s, "
+                     f"{tp['processes']} process).")
+    selection = heads_config.get("tree_selection", {})
+    timed = [row for row in selection.get("budgets", []) if "measured_speedup" in row]
+    if timed:
+        lines += ["", f"Tree budgets by `scripts/build_tree.py` (estimate from teacher-forced statistics and forward "
+                  f"timings, then the best {len(timed)} decoded for real against plain decoding; chosen by "
+                  f"{selection.get('chosen_by', 'timed')}: {len(heads_config['tree']) + 1} nodes):", "",
+                  "| nodes | estimated τ | estimated speedup | measured τ | measured vs plain |", "|---:|---:|---:|---:|---:|"]
+        lines += [f"| {row['nodes']} | {row['estimated_tau']:.2f} | {row['estimated_speedup']:.2f}x | {row['measured_tau']:.2f} | "
+                  f"{row['measured_speedup']:.2f}x |" for row in timed]
+    bench = run / "bench" / "results.md"
+    if bench.is_file():
+        lines += ["", "Decoding benchmark (`scripts/bench.py`, same process, HF greedy `generate` is the baseline):",
+                  "", bench.read_text().strip()]
+    if run == Path("runs/smollm2-135m-medusa1"):
+        lines += ["", "Produced by `make demo` (training, `scripts/build_tree.py`, `scripts/bench.py`)."]
+    return "\n".join(lines)
+
+
+def store_benchmarks(bench_dirs: list[Path], store: Path) -> list[Path]:
+    """Copy each benchmark's results.json and results.md to store/<its folder name>; return the copies."""
+    names = [directory.name for directory in bench_dirs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--store: two benchmarks share a folder name ({names}); their copies would overwrite")
+    copies = []
+    for directory in bench_dirs:
+        copy = store / directory.name
+        if directory.resolve() != copy.resolve():
+            copy.mkdir(parents=True, exist_ok=True)
+            for name in ("results.json", "results.md"):
+                shutil.copyfile(directory / name, copy / name)
+        copies.append(copy)
+    return copies
+
+
+def replace_between_markers(path: Path, section: str) -> None:
+    """The text between path's results markers becomes `section` (temp file + rename)."""
+    text = path.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{path}: results markers {START} ... {END} are missing")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    write_text(path, f"{head}{START}\n{section}\n{END}{tail}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", action="append", type=Path, help="training run folder (repeatable)")
+    parser.add_argument("--bench", action="append", default=[], type=Path, help="extra bench.py --out folder (repeatable)")
+    parser.add_argument("--store", type=Path, help="copy the benchmarks' results here (e.g. data/benchmarks) and read the copies")
+    parser.add_argument("--readme", default="README.md", type=Path, help="gets the summary table")
+    parser.add_argument("--page", default="docs/results.md", type=Path, help="gets every table")
+    args = parser.parse_args(argv)
+    runs = args.run or [Path("runs/smollm2-135m-medusa1")]
+    for directory in args.bench:
+        if not (directory / "results.json").is_file():
+            raise SystemExit(f"--bench {directory}: no results.json (a scripts/bench.py --out folder is expected)")
+    if args.store:
+        args.bench = store_benchmarks(args.bench, args.store)
+    command = "python scripts/results.py " + " ".join(
+        [f"--run {run}" for run in runs] + [f"--bench {b}" for b in args.bench])
+    summary = [render_summary(args.bench)] if args.bench else []
+    section = "\n\n".join(summary + [render_bench(b) for b in args.bench] + ["### Training runs"]
+                           + [render(run) for run in runs]
+                           + [f"This section: `{command}`; {datetime.date.today()}, {machine()}."])
+    replace_between_markers(args.page, section)
+    replace_between_markers(args.readme, "\n\n".join(
+        summary + [f"Every table, the training runs and the commands: [{args.page}]({args.page}) (`{command}`)."]))
+    print(section)
