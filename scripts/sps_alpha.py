@@ -12,18 +12,13 @@ measured cost ratio c and the predicted and measured speedup over plain decoding
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import load_questions  # noqa: E402
-
-from specheads.data.models import load_base_model, load_tokenizer  # noqa: E402
-from specheads.inference.decoder import SamplingConfig, TreeDecoder  # noqa: E402
-from specheads.inference.generate import chat_input_ids, eos_token_ids  # noqa: E402
-from specheads.inference.speculative import DraftModelCandidates, expected_tokens_per_step, self_draft  # noqa: E402
+from specheads.data.models import load_base_model, load_tokenizer
+from specheads.inference.bench import load_questions
+from specheads.inference.decoder import SamplingConfig, TreeDecoder
+from specheads.inference.generate import chat_input_ids, eos_token_ids
+from specheads.inference.speculative import DraftModelCandidates, expected_tokens_per_step, self_draft
 
 
 def parse_args(argv=None):

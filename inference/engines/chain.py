@@ -14,7 +14,7 @@ import torch
 from specheads.heads import EagleDraft, MedusaHeads
 
 from ..decoder import TreeDecoder
-from ..eagle import EagleCandidates
+from ..methods import MethodOptions, build_decoder, method_for
 
 
 def chain_tree(k: int) -> list[list[int]]:
@@ -27,11 +27,12 @@ def chain_decoder(model, draft, k: int) -> TreeDecoder:
     if k < 1:
         raise ValueError(f"a chain drafts k >= 1 tokens, got {k}")
     if isinstance(draft, EagleDraft):
-        return TreeDecoder(model, candidates=EagleCandidates(draft, model, top_k=1, depth=k, total_tokens=k + 1))
+        chain = MethodOptions(eagle_tree={"top_k": 1, "depth": k, "total_tokens": k + 1, "min_prob": 0.0})
+        return build_decoder(method_for(draft), model, draft, chain)
     if isinstance(draft, MedusaHeads):
         if k > draft.config.num_heads:
             raise ValueError(f"a Medusa chain drafts one token per head: k={k} > {draft.config.num_heads} heads")
-        return TreeDecoder(model, draft, chain_tree(k))
+        return build_decoder("medusa", model, draft, MethodOptions(tree=chain_tree(k)))
     raise TypeError(f"no chain for a draft of type {type(draft).__name__}")
 
 
