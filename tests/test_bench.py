@@ -249,3 +249,16 @@ def test_results_store_copies_benchmarks_so_a_fresh_clone_can_regenerate_the_sec
     assert results.store_benchmarks(copies, store) == copies  # storing the stored copies again is a no-op
     with pytest.raises(SystemExit, match="share a folder name"):
         results.store_benchmarks([run, copies[0]], tmp_path / "elsewhere")
+
+
+def test_readme_headline_lists_our_fastest_methods_and_hfs_peers():
+    """The README's one results table (scripts/results.py), from the committed benchmark results."""
+    from specheads.inference.bench import results
+
+    runs = [REPO / "data" / "benchmarks" / name for name in ("bench-smol-t0", "bench-smol-t1", "bench-smol-batch-4")]
+    table = results.render_headline(runs).splitlines()
+    smol_t0 = [line for line in table if line.startswith("| smollm2-135m-instruct | 0 |")]
+    assert [line.split(" | ")[2] for line in smol_t0] == ["eagle3_pld", "medusa_pld", "pld", "hf_prompt_lookup",
+                                                        "hf_assisted"]
+    assert "| 3.48 | 2.74x | 20 (bench-smol-t0) |" in smol_t0[0]
+    assert len(table) == 2 + 2 * 5  # header + (T=0, T=1) x (3 of ours + 2 peers); the batched run has its own tables

@@ -142,6 +142,26 @@ def render_summary(bench_dirs: list[Path]) -> str:
     return "\n\n".join(["### Summary: each method in its largest benchmark (latest on ties)", *sections, "### Benchmarks"])
 
 
+HEADLINE_PEERS = ("hf_prompt_lookup", "prompt_lookup", "hf_assisted")
+
+
+def render_headline(bench_dirs: list[Path], ours_per_row: int = 3) -> str:
+    """The README's one table: per model and temperature, our fastest methods and HF's own speculative peers,
+    each from its largest benchmark (summary_rows)."""
+    best = summary_rows(bench_dirs)
+    lines = ["| model | T | method | τ | speedup vs HF `generate` | questions (run) |", "|---|---:|---|---:|---:|---|"]
+    for model, temperature in sorted({(m, t) for m, t, _ in best}):
+        keys = sorted((key for key in best if key[:2] == (model, temperature)),
+                      key=lambda k: -best[k][0]["overall"]["speedup"])
+        ours = [k for k in keys if not k[2].startswith(("baseline", "hf_")) and k[2] not in HEADLINE_PEERS]
+        for key in ours[:ours_per_row] + [k for k in keys if k[2] in HEADLINE_PEERS]:
+            row, directory = best[key]
+            overall = row["overall"]
+            lines.append(f"| {model} | {temperature:g} | {key[2]} | {overall['tau']:.2f} | {overall['speedup']:.2f}x | "
+                         f"{overall['questions']} ({directory.name}) |")
+    return "\n".join(lines)
+
+
 def render(run: Path) -> str:
     result = heldout_result(run)
     config = json.loads((run / "train_config.json").read_text())
@@ -247,6 +267,7 @@ def main(argv=None) -> None:
                            + [render(run) for run in runs]
                            + [f"This section: `{command}`; {datetime.date.today()}, {machine()}."])
     replace_between_markers(args.page, section)
+    headline = [render_headline(args.bench)] if args.bench else []
     replace_between_markers(args.readme, "\n\n".join(
-        summary + [f"Every table, the training runs and the commands: [{args.page}]({args.page}) (`{command}`)."]))
+        headline + [f"Every table, the training runs and the commands: [{args.page}]({args.page}) (`{command}`)."]))
     print(section)
