@@ -42,7 +42,7 @@ demo: setup
 	$(BIN)/python inference/chat.py --heads $(DEMO)/export --tree '$(DEMO_TREE)' --prompt "$(DEMO_PROMPT)" --max-new-tokens 96
 	$(BIN)/python scripts/bench.py --heads heads/trained/smollm2-135m-medusa1 --eagle-heads heads/trained/smollm2-135m-eagle3 \
 		--methods baseline,hf_prompt_lookup,medusa,medusa_pld,eagle3,eagle3_pld --questions data/questions/sharegpt-dev.jsonl \
-		--temperature 0 --max-new-tokens 96 --max-questions 6 --out $(DEMO)/bench
+		--temperature 0 --max-new-tokens 64 --max-questions 6 --out $(DEMO)/bench
 
 # Prints the demo run's training loss and held-out head-1 accuracy by update, read from its TensorBoard logs.
 define DEMO_CURVE
