@@ -262,3 +262,40 @@ def test_readme_headline_lists_our_fastest_methods_and_hfs_peers():
                                                         "hf_assisted"]
     assert "| 3.48 | 2.74x | 20 (bench-smol-t0) |" in smol_t0[0]
     assert len(table) == 2 + 2 * 5  # header + (T=0, T=1) x (3 of ours + 2 peers); the batched run has its own tables
+
+
+def _record(new_tokens, seconds):
+    return {"question_id": "q", "category": "c", "turns": [], "new_tokens": new_tokens, "seconds": seconds,
+            "forwards": new_tokens}
+
+
+def test_baseline_noise_flags_a_run_whose_hf_greedy_speed_varied():
+    """The noise measure on synthetic baseline records (no model): CV of per-question tokens/s, short answers left
+    out, flagged above the bound, one warning line in results.md only when flagged."""
+    import statistics
+
+    from specheads.inference.bench.report import baseline_noise, single_markdown
+
+    steady = [_record(100, 100 / rate) for rate in (50, 51, 49, 50.5)] + [_record(5, 5.0)]  # 1 tok/s, but 5 tokens
+    noise = baseline_noise(steady, bound=0.1)
+    assert noise["questions"] == 4 and noise["min_new_tokens"] == 16 and noise["bound"] == 0.1
+    stats = noise["baseline_tokens_per_s"]
+    assert stats["min"] == pytest.approx(49) and stats["max"] == pytest.approx(51)
+    assert stats["median"] == pytest.approx(50.25)
+    rates = [50, 51, 49, 50.5]
+    assert stats["cv"] == pytest.approx(statistics.pstdev(rates) / statistics.fmean(rates))
+    assert not noise["noisy"]
+
+    busy = [_record(100, 100 / rate) for rate in (50, 50, 25, 30)]  # half the run on a busy machine
+    noise = baseline_noise(busy, bound=0.1)
+    assert noise["noisy"] and noise["baseline_tokens_per_s"]["cv"] > 0.2
+    assert not baseline_noise(busy, bound=0.5)["noisy"]
+    assert baseline_noise([_record(100, 2.0), _record(8, 1.0)])["baseline_tokens_per_s"] is None  # one usable
+
+    results = {"model": "m", "dtype": "fp32", "temperature": 0, "max_new_tokens": 128, "questions": 4,
+               "date": "d", "machine": "x",
+               "methods": {"baseline": {"overall": {"tau": 1.0, "tokens_per_s": 40.0, "speedup": 1.0},
+                                        "per_category": {"c": {"tau": 1.0, "speedup": 1.0}}}}}
+    assert not any("Noisy" in line for line in single_markdown({**results, "noise": baseline_noise(steady)}))
+    warned = [line for line in single_markdown({**results, "noise": noise}) if "Noisy" in line]
+    assert len(warned) == 1 and "CV 0.29" in warned[0] and "bound 0.10" in warned[0]

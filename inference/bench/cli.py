@@ -41,13 +41,13 @@ from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import EagleDraft, load_heads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.heads.loading import load_medusa_heads
-from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
+from specheads.inference.cli import float_in, non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
 from specheads.inference.methods import METHODS, add_method_arguments, options_from_args
 from specheads.inference.tree import TreeError, check_tree_fits
 
 from .questions import load_questions
-from .report import write_results
+from .report import NOISE_BOUND, write_results
 from .runner import own_baseline, run_batched, run_single
 
 BATCHED_METHODS = ("baseline", *(name for name, m in METHODS.items() if m.batched))  # --batch-size
@@ -74,6 +74,9 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="throughput mode: decode first turns B at a time "
                              "(methods " + ", ".join(BATCHED_METHODS) + ")")
+    parser.add_argument("--noise-bound", type=float_in(0.0, float("inf"), low_open=True), default=NOISE_BOUND,
+                        help="flag the run as noisy when HF greedy's per-question tokens/s vary by more than this "
+                             "coefficient of variation (default %(default)s; needs method baseline, single-row runs)")
     parser.add_argument("--out", default="runs/bench")
     return parser.parse_args(argv)
 

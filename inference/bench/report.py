@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import statistics
 from pathlib import Path
 
 import torch
@@ -41,6 +42,50 @@ def summarise(records: list[dict], baseline: list[dict] | None, greedy: bool) ->
                     for r, b in zip(records, baseline)]
             summary["greedy_match"] = sum(same) / len(same)
     return summary
+
+
+NOISE_BOUND = 0.10  # default of bench --noise-bound: see baseline_noise
+NOISE_MIN_TOKENS = 16  # shorter answers are left out of the noise measure: their time is mostly fixed costs
+
+
+def baseline_noise(baseline: list[dict], bound: float = NOISE_BOUND, min_tokens: int = NOISE_MIN_TOKENS) -> dict:
+    """How much HF greedy's tokens/s varied over the run, and whether that exceeds `bound`.
+
+    HF greedy (method "baseline") runs one forward per token whatever the text says, so its per-question
+    tokens/s hardly depends on the question: what varies is mostly the machine (other jobs, frequency,
+    caches). The measure is the coefficient of variation (population stdev / mean) of the baseline's
+    per-question tokens/s, over questions with at least `min_tokens` new tokens (a short answer's time is
+    mostly prefill and call overhead, so its tokens/s says little about decode speed). The CV rather than
+    max/min: one slow question (a long prompt's prefill, a single hiccup) moves max/min a lot and the CV
+    little, while a machine busy for part of the run, the case that skews the comparison of methods
+    interleaved across it, raises the CV. Text effects that remain (prompt length, a cache growing with the
+    answer) are a few percent for a small model at 128 tokens, so a CV above `bound` (default 0.10) says the
+    machine, not the questions, moved the figures: per-question speedups are then uncertain by about as much.
+    A machine uniformly slower for the whole run is not flagged: it slows every method alike.
+    -> {"baseline_tokens_per_s": {"min", "median", "max", "cv"}, "questions", "min_new_tokens", "bound",
+    "noisy"}; with fewer than 2 questions long enough, the figures are None and noisy is False.
+    """
+    rates = [r["new_tokens"] / r["seconds"] for r in baseline if r["new_tokens"] >= min_tokens and r["seconds"] > 0]
+    noise = {"baseline_tokens_per_s": None, "questions": len(rates), "min_new_tokens": min_tokens,
+             "bound": bound, "noisy": False}
+    if len(rates) >= 2:
+        mean = statistics.fmean(rates)
+        cv = statistics.pstdev(rates) / mean if mean > 0 else 0.0
+        noise["baseline_tokens_per_s"] = {"min": min(rates), "median": statistics.median(rates),
+                                          "max": max(rates), "cv": cv}
+        noise["noisy"] = cv > bound
+    return noise
+
+
+def noise_line(results: dict) -> str | None:
+    """One line of results.md when the run's baseline varied more than its bound; None otherwise."""
+    noise = results.get("noise")
+    if not noise or not noise["noisy"]:
+        return None
+    b = noise["baseline_tokens_per_s"]
+    return (f"**Noisy run:** HF greedy's tokens/s varied across questions by CV {b['cv']:.2f} (bound "
+            f"{noise['bound']:.2f}; min {b['min']:.1f}, median {b['median']:.1f}, max {b['max']:.1f} over "
+            f"{noise['questions']} questions): the machine was busy, differences of that size are noise.")
 
 
 def machine() -> str:
@@ -78,7 +123,8 @@ def single_markdown(results: dict) -> list[str]:
     """results.md of a single-row run: the overall table, then speedup (τ) per category."""
     methods = results["methods"]
     categories = sorted({c for m in methods.values() for c in m["per_category"]})
-    lines = [header_line(results), "",
+    warning = noise_line(results)
+    lines = [header_line(results), "", *([warning, ""] if warning else []),
              "| method | τ | tokens/s | speedup | greedy match | step / (forward + draft) |",
              "|---|---:|---:|---:|---:|---:|"]
     for name, m in methods.items():

@@ -20,7 +20,7 @@ from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
 from specheads.inference.methods import METHODS, Context, MethodOptions, build_source
 
-from .report import run_header, summarise
+from .report import NOISE_BOUND, baseline_noise, run_header, summarise
 
 
 class ForwardCounter:
@@ -144,6 +144,8 @@ def run_single(args, options, model, tokenizer, methods, drafts, questions, comm
                 for a in t["accepted"]:
                     hist[str(a)] += 1
         results["accepted_length_histogram"][method] = dict(hist)
+    if "baseline" in records:  # how much the machine moved HF greedy's speed over the run (report.baseline_noise)
+        results["noise"] = baseline_noise(records["baseline"], getattr(args, "noise_bound", NOISE_BOUND))
     return results, records
 
 
