@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.data.sharegpt import load_conversations, split_heldout
-from specheads.inference.cli import non_negative_float, positive_int, top_p
+from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.generate import eos_token_ids
 
 USAGE = """Regenerate the assistant turns of a ShareGPT-format dataset with the base model itself.
@@ -46,6 +46,9 @@ def parse_args(argv=None):
     parser.add_argument("--heldout-size", type=positive_int, default=200)
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--limit", type=positive_int, default=None, help="conversations to regenerate")
+    parser.add_argument("--skip", type=non_negative_int, default=0,
+                        help="pass over this many selected conversations first: --skip 3000 --limit 1800 answers "
+                             "the 3,001st to 4,800th, as --limit 4800 does after a --limit 3000 run, batch for batch")
     parser.add_argument("--max-turns", type=positive_int, default=1, help="user turns kept per conversation")
     parser.add_argument("--max-prompt-tokens", type=positive_int, default=512, help="skip longer prompts")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
@@ -141,7 +144,8 @@ def main(argv=None):
     model = load_base_model(args.model, args.dtype)
     eos = eos_token_ids(model, tokenizer)
 
-    todo = work_list(conversations, tokenizer, args.max_turns, args.max_prompt_tokens, args.limit)
+    todo = work_list(conversations, tokenizer, args.max_turns, args.max_prompt_tokens,
+                     None if args.limit is None else args.skip + args.limit)[args.skip:]
     out.parent.mkdir(parents=True, exist_ok=True)
     # Batches of similar prompt length waste little on padding.
     pending = [item[1:] for item in sorted(todo, key=lambda item: item[0]) if item[1] not in done]

@@ -93,3 +93,20 @@ def test_numeric_flags_are_checked_when_parsed(capsys):
         assert f"argument {flag}: {message}" in capsys.readouterr().err
     args = parse_args(["--out", "o.jsonl", "--batch-size", "3", "--temperature", "0.7", "--top-p", "0.9"])
     assert (args.batch_size, args.temperature, args.top_p, args.limit) == (3, 0.7, 0.9, None)
+
+
+def test_skip_answers_the_same_slice_as_a_resumed_longer_run(tmp_path, tiny_llama_dir):
+    """--skip 3 --limit 2 gives, line for line, what --limit 5 adds to a --limit 3 run's file: the committed
+    data/distilled/*-3000-4800.jsonl style slices each have one command."""
+    data = tmp_path / "in.jsonl"
+    write_jsonl(data, conversations(6))
+    common = ["--model", str(tiny_llama_dir), "--dataset", str(data), "--batch-size", "2", "--max-new-tokens", "5",
+              "--dtype", "fp32"]
+    chained = tmp_path / "chained.jsonl"
+    for limit in ("3", "5"):
+        assert run([*common, "--out", str(chained), "--limit", limit]).returncode == 0
+    sliced = tmp_path / "sliced.jsonl"
+    result = run([*common, "--out", str(sliced), "--skip", "3", "--limit", "2"])
+    assert result.returncode == 0, result.stderr
+    assert sliced.read_text().splitlines() == chained.read_text().splitlines()[3:]
+    assert [json.loads(line)["id"] for line in sliced.read_text().splitlines()] == ["c3", "c4"]

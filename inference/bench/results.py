@@ -269,5 +269,5 @@ def main(argv=None) -> None:
     replace_between_markers(args.page, section)
     headline = [render_headline(args.bench)] if args.bench else []
     replace_between_markers(args.readme, "\n\n".join(
-        headline + [f"Every table, the training runs and the commands: [{args.page}]({args.page}) (`{command}`)."]))
+        headline + [f"Every table, the training runs and the command that regenerates them: [{args.page}]({args.page})."]))
     print(section)
