@@ -6,9 +6,9 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
+.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
@@ -74,40 +74,20 @@ medusa1: setup
 		--methods baseline,prompt_lookup,pld,medusa,medusa_pld --temperature 0 --max-new-tokens 128 --max-questions 20 \
 		--out $(RUN)/bench
 
-# EAGLE-1 and EAGLE-3 drafts for SmolLM2 in a chain of 11 runs, trees tuned, benchmarked (each step: docs/training.md).
-EAGLE3_3K := runs/smollm2-135m-eagle3-3k-plus1
-EAGLE3_4800 := runs/smollm2-135m-eagle3-4800
-EAGLE3_G50 := runs/smollm2-135m-eagle3-g50
-EAGLE3_G50_4800 := runs/smollm2-135m-eagle3-g50-4800
-EAGLE3_G50_7800 := runs/smollm2-135m-eagle3-g50-7800
-EAGLE3_G50_10800 := runs/smollm2-135m-eagle3-g50-10800
-EAGLE3_G50_10800_E2 := runs/smollm2-135m-eagle3-g50-10800-e2
-EAGLE3_G50_13800 := runs/smollm2-135m-eagle3-g50-13800
-EAGLE3 := runs/smollm2-135m-eagle3-g50-13800-e2
-# One EAGLE-3 epoch with half of the target on the base's argmax:
-# $(call eagle3_greedy_epoch,LR,ANSWERS (a data/distilled/smollm2-135m-sharegpt-train-*.jsonl suffix),FROM_RUN,TO_RUN)
-eagle3_greedy_epoch = $(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 \
-	train.lr=$(1) data.dataset=data/distilled/smollm2-135m-sharegpt-train-$(2).jsonl eagle.greedy_target_weight=0.5 \
-	eagle.init_draft=$(3)/heads train.output_dir=$(4)
-eagle: setup
+# The committed EAGLE drafts for SmolLM2, one recipe each (resumable: run the same target again after a stop):
+# eagle1 ~25 minutes, eagle3 ~4 hours on 2 cores (its stages: configs/smollm2-135m-eagle3-recipe.yaml); `make eagle`
+# trains both, tunes their trees for this machine and benchmarks them against the Medusa heads and HF.
+EAGLE1 := runs/smollm2-135m-eagle1
+EAGLE3 := runs/smollm2-135m-eagle3-recipe
+eagle1: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
-	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume
-	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=1 train.lr=5e-4 \
-		eagle.init_draft=runs/smollm2-135m-eagle3-3k/heads train.output_dir=$(EAGLE3_3K)
-	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3.yaml --resume train.epochs=2 train.lr=1e-3 \
-		data.dataset=data/distilled/smollm2-135m-sharegpt-train-3000-4800.jsonl \
-		eagle.init_draft=$(EAGLE3_3K)/heads train.output_dir=$(EAGLE3_4800)
-	$(call eagle3_greedy_epoch,1e-3,3000,$(EAGLE3_4800),$(EAGLE3_G50))
-	$(call eagle3_greedy_epoch,1e-3,3000-4800,$(EAGLE3_G50),$(EAGLE3_G50_4800))
-	$(call eagle3_greedy_epoch,1e-3,4800-7800,$(EAGLE3_G50_4800),$(EAGLE3_G50_7800))
-	$(call eagle3_greedy_epoch,1e-3,7800-10800,$(EAGLE3_G50_7800),$(EAGLE3_G50_10800))
-	$(call eagle3_greedy_epoch,5e-4,7800-10800,$(EAGLE3_G50_10800),$(EAGLE3_G50_10800_E2))
-	$(call eagle3_greedy_epoch,1e-3,10800-13800,$(EAGLE3_G50_10800_E2),$(EAGLE3_G50_13800))
-	$(call eagle3_greedy_epoch,5e-4,10800-13800,$(EAGLE3_G50_13800),$(EAGLE3))
-	$(BIN)/python scripts/tune_eagle_tree.py --heads runs/smollm2-135m-eagle1/heads
+eagle3: setup
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3-recipe.yaml --resume
+eagle: eagle1 eagle3
+	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE1)/heads
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
-		--eagle-heads runs/smollm2-135m-eagle1/heads,$(EAGLE3)/heads \
+		--eagle-heads $(EAGLE1)/heads,$(EAGLE3)/heads \
 		--questions data/questions/sharegpt-dev.jsonl --methods baseline,medusa,medusa_pld,eagle2,eagle3,eagle3_pld \
 		--temperature 0 --max-new-tokens 128 --max-questions 20 --out runs/bench-eagle
 
@@ -177,9 +157,20 @@ distill-qwen: setup-qwen
 
 # Regenerate the self-distilled training data of the SmolLM2 recipes (SmolLM2's own answers; ~15 minutes).
 DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl
+SMOL_DISTILL := $(BIN)/python scripts/self_distill.py --split train --batch-size 48 --max-new-tokens 192 --max-prompt-tokens 384
 distill: setup
-	$(BIN)/python scripts/self_distill.py --out $(DISTILLED) --split train --limit 1200 --batch-size 48 \
-		--max-new-tokens 192 --max-prompt-tokens 384
+	$(SMOL_DISTILL) --out $(DISTILLED) --limit 1200
+
+# ... and the EAGLE-3 recipe's files (~2.5 hours): the answers to train prompts 1-3,000 (the first 1,200 as above, then
+# 1,800 more in the same file), then 3,001-4,800, 4,800-7,800, 7,800-10,800 and 10,800-13,800, each slice batched as
+# when it was made (self_distill --skip). Resumable.
+SMOL_ANSWERS := data/distilled/smollm2-135m-sharegpt-train
+distill-eagle3: setup
+	$(SMOL_DISTILL) --out $(SMOL_ANSWERS)-3000.jsonl --limit 1200
+	$(SMOL_DISTILL) --out $(SMOL_ANSWERS)-3000.jsonl --limit 3000
+	$(SMOL_DISTILL) --out $(SMOL_ANSWERS)-3000-4800.jsonl --skip 3000 --limit 1800
+	for start in 4800 7800 10800; do $(SMOL_DISTILL) --out $(SMOL_ANSWERS)-$$start-$$((start + 3000)).jsonl \
+		--skip $$start --limit 3000 || exit 1; done
 
 # vLLM's CPU build in a venv of its own (it pins its own transformers): the engine the engine tests and
 # scripts/serve_vllm.py serve our exports in. 0.32.0 is the last vLLM with Medusa. It pulls PyPI's
