@@ -197,8 +197,8 @@ setup-engines: $(VLLM_STAMP)
 # Unit tests: one pytest worker per core (at most 4), each test file on one worker with one thread
 # (tests/conftest.py); then the engine tests, one at a time (each vLLM binds the cores itself).
 test: setup setup-engines lint
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
-	$(BIN)/python -m pytest -q -m engine -rA
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -m engine -rA --durations=5
 
 # The unit tests alone (no vLLM needed).
 # Unused or undefined names and syntax errors (ruff, configured in pyproject.toml).
