@@ -8,7 +8,8 @@ Which conversations may be used (`exclusions`, `candidates`):
   conversation any file in data/distilled/ answered (tier "tail": the distillation runs walk the train side in
   order and stopped there, so no committed artifact's data reached it);
 - it is dropped if its id, or the original conversation it was cut from (ShareGPT V3 cuts long chats into
-  ID_0, ID_1, ...; `base_id`), or the text of its prompt (`normalise`), occurs in any training data: every
+  ID_0, ID_1, ...; `base_id`), or the text of its prompt (`normalise`), or that text's first PREFIX_CHARS
+  characters (near-duplicates: a reworded question, a shared prompt template), occurs in any training data: every
   record of every file in data/distilled/, every local data file a config or a committed artifact's
   train_config.json names, and the conversations a config that reads `sharegpt` itself trains on (its train
   side, cut to max_train_conversations); the old dev questions (data/questions/sharegpt-dev.jsonl, which the
@@ -38,6 +39,7 @@ from specheads.data.sharegpt import Conversation, load_conversations, split_held
 HELDOUT_SIZE, SPLIT_SEED = 200, 0  # the split data/distilled/ was drawn from (self_distill.py --split train)
 TEST_PER_CATEGORY, TUNE_PER_CATEGORY = 15, 8
 MIN_CHARS, MAX_CHARS = 15, 2000
+PREFIX_CHARS = 60  # a prompt that opens like a trained one (normalised) is a near-duplicate: left out
 DEV_QUESTIONS = "data/questions/sharegpt-dev.jsonl"
 # Configs whose training data is not excluded, and why.
 IGNORED_CONFIGS = {
@@ -126,6 +128,7 @@ class Exclusions:
     ids: set = field(default_factory=set)
     base_ids: set = field(default_factory=set)
     texts: set = field(default_factory=set)
+    prefixes: set = field(default_factory=set)  # the first PREFIX_CHARS of each normalised text
     sources: dict = field(default_factory=dict)  # source -> conversations it contributed
     ignored: dict = field(default_factory=dict)  # config -> why its data is not excluded
 
@@ -136,13 +139,15 @@ class Exclusions:
         for conversation in conversations:
             self.ids.add(conversation.id)
             self.base_ids.add(base_id(conversation.id))
-            self.texts.update(normalise(t) for t in user_turns(conversation))
+            texts = [normalise(t) for t in user_turns(conversation)]
+            self.texts.update(texts)
+            self.prefixes.update(t[:PREFIX_CHARS] for t in texts)
             count += 1
         self.sources[source] = count
 
     def hits(self, conversation_id: str, text: str) -> bool:
         return (conversation_id in self.ids or base_id(conversation_id) in self.base_ids
-                or normalise(text) in self.texts)
+                or normalise(text) in self.texts or normalise(text)[:PREFIX_CHARS] in self.prefixes)
 
 
 def _data_sections(node, inherited=None):

@@ -12,7 +12,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 QUESTIONS = REPO / "data" / "questions"
 TEST_MIN_PER_CATEGORY, TEST_MIN_TOTAL = 15, 120  # what data/questions/README.md promises
-TUNE_MIN_PER_CATEGORY, TUNE_MIN_TOTAL = 4, 40
+TUNE_MIN_PER_CATEGORY, TUNE_MIN_TOTAL = 2, 40  # extraction: ShareGPT has 17 usable
 
 
 def read_jsonl(path):
@@ -77,7 +77,8 @@ def test_test_and_tune_are_disjoint_and_apart_from_the_old_dev_set(splits):
 
 def test_no_benchmark_prompt_was_in_any_training_data(splits, sharegpt):
     """Every committed self-distilled file, every config's data and every committed artifact's train_config.json:
-    no test or tune prompt shares a conversation id, the original conversation it was cut from, or its text."""
+    no test or tune prompt shares a conversation id, the original conversation it was cut from, its text, or
+    its text's first 60 characters."""
     from specheads.data.sharegpt import split_heldout
 
     chosen = splits["test"] + splits["tune"]
@@ -114,6 +115,8 @@ def test_no_benchmark_prompt_was_in_any_training_data(splits, sharegpt):
     assert not ids & trained_ids
     assert not {base(i) for i in ids} & {base(i) for i in trained_ids}
     assert not {norm(q["turns"][0]) for q in chosen} & trained_texts
+    # nor a near-duplicate: the same first 60 characters (normalised)
+    assert not {norm(q["turns"][0])[:60] for q in chosen} & {t[:60] for t in trained_texts}
     assert in_vicuna_train <= len(chosen)
     # and each prompt is the first user turn of its conversation, unchanged
     for q in chosen:
