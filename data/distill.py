@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.data.sharegpt import load_conversations, split_heldout
+from specheads.data.questions import base_id
 from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.generate import eos_token_ids
 
@@ -102,11 +103,31 @@ def generate_batch(model, tokenizer, histories: list[list[dict]], args, eos) -> 
     return answers, new_tokens
 
 
-def work_list(conversations, tokenizer, max_turns: int, max_prompt_tokens: int, limit: int | None) -> list[tuple]:
-    """(prompt length, id, system turn, user turns) of each conversation to regenerate, in data order: a pure
-    function of the arguments, so a rerun sees the same list."""
+BENCHMARK_QUESTIONS = ("sharegpt-test.jsonl", "sharegpt-tune.jsonl")  # in data/questions/
+
+
+def benchmark_conversations() -> frozenset[str]:
+    """The original ShareGPT conversations (id before its _N segment suffix) the benchmark's test and tune
+    questions come from: never answered for training, so the test split stays unseen."""
+    folder = Path(__file__).resolve().parent / "questions"
+    ids = set()
+    for name in BENCHMARK_QUESTIONS:
+        path = folder / name
+        if path.is_file():
+            ids.update(base_id(json.loads(line)["question_id"])
+                       for line in path.read_text().splitlines() if line.strip())
+    return frozenset(ids)
+
+
+def work_list(conversations, tokenizer, max_turns: int, max_prompt_tokens: int, limit: int | None,
+              exclude: frozenset[str] = frozenset()) -> list[tuple]:
+    """(prompt length, id, system turn, user turns) of each conversation to regenerate, in data order, leaving
+    out conversations cut from an original in `exclude`: a pure function of the arguments, so a rerun sees the
+    same list."""
     todo = []
     for conversation in conversations:
+        if base_id(conversation.id) in exclude:
+            continue
         users = [m for m in conversation.messages if m["role"] == "user"][:max_turns]
         system = [m for m in conversation.messages[:1] if m["role"] == "system"]
         prompt = tokenizer.apply_chat_template(system + users[:1], tokenize=True, add_generation_prompt=True)
@@ -145,7 +166,7 @@ def main(argv=None):
     eos = eos_token_ids(model, tokenizer)
 
     todo = work_list(conversations, tokenizer, args.max_turns, args.max_prompt_tokens,
-                     None if args.limit is None else args.skip + args.limit)[args.skip:]
+                     None if args.limit is None else args.skip + args.limit, benchmark_conversations())[args.skip:]
     out.parent.mkdir(parents=True, exist_ok=True)
     # Batches of similar prompt length waste little on padding.
     pending = [item[1:] for item in sorted(todo, key=lambda item: item[0]) if item[1] not in done]

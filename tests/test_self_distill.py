@@ -110,3 +110,22 @@ def test_skip_answers_the_same_slice_as_a_resumed_longer_run(tmp_path, tiny_llam
     assert result.returncode == 0, result.stderr
     assert sliced.read_text().splitlines() == chained.read_text().splitlines()[3:]
     assert [json.loads(line)["id"] for line in sliced.read_text().splitlines()] == ["c3", "c4"]
+
+
+def test_the_benchmark_test_and_tune_questions_are_never_distilled():
+    """Distillation further along the train side (--skip past the committed files) would reach the conversations the
+    test and tune questions come from: they are left out of every work list."""
+    from specheads.data.distill import benchmark_conversations, work_list
+    from specheads.data.sharegpt import Conversation
+
+    class Tokenizer:
+        def apply_chat_template(self, messages, **kwargs):
+            return [0] * 3
+
+    excluded = benchmark_conversations()
+    assert len(excluded) >= 170  # 120 test + 58 tune questions, one original conversation each
+    some = sorted(excluded)[0]
+    conversations = [Conversation(id=f"{some}_0", messages=[{"role": "user", "content": "q"}]),
+                     Conversation(id=f"{some}_3", messages=[{"role": "user", "content": "q"}]),
+                     Conversation(id="kept_0", messages=[{"role": "user", "content": "q"}])]
+    assert [item[1] for item in work_list(conversations, Tokenizer(), 1, 512, None, excluded)] == ["kept_0"]
