@@ -8,6 +8,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -217,10 +218,16 @@ def test_tree_rank_beyond_the_heads_vocabulary_bench(runs):
 
 # ---- Ctrl-C ----
 
-def test_ctrl_c_while_answering_a_prompt(tiny_llama_dir):
+def test_ctrl_c_while_answering_a_prompt(tiny_llama_dir, tmp_path):
     """SIGINT while chat.py --prompt is writing its answer: exit 130, no traceback, what was shown stays shown."""
-    before = snapshot(tiny_llama_dir)
-    process = subprocess.Popen([sys.executable, "inference/chat.py", "--model", str(tiny_llama_dir), "--no-heads",
+    # The tiny model's 512 positions end an answer within a second or two: on a busy machine the answer could be
+    # over before the signal arrives. A copy with room for 100,000 tokens answers for minutes.
+    model = tmp_path / "long-tiny"
+    shutil.copytree(tiny_llama_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1 << 17}))
+    before = snapshot(model)
+    process = subprocess.Popen([sys.executable, "inference/chat.py", "--model", str(model), "--no-heads",
                                 "--prompt", "Tell me a long story.", "--max-new-tokens", "100000", "--dtype", "fp32"],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -242,4 +249,4 @@ def test_ctrl_c_while_answering_a_prompt(tiny_llama_dir):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     out = shown + rest
     assert out.startswith(shown) and len(out) >= 20  # nothing already written is taken back
-    assert snapshot(tiny_llama_dir) == before
+    assert snapshot(model) == before

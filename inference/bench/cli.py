@@ -48,7 +48,7 @@ from specheads.inference.tree import TreeError, check_tree_fits
 
 from .questions import load_questions
 from .report import NOISE_BOUND, write_results
-from .runner import own_baseline, run_batched, run_single
+from .runner import own_baseline, registered, run_batched, run_single
 
 BATCHED_METHODS = ("baseline", *(name for name, m in METHODS.items() if m.batched))  # --batch-size
 
@@ -105,7 +105,7 @@ def command_line(argv) -> str:
 
 def load_eagle_drafts(args, methods, model) -> dict:
     """{bench method: EAGLE draft} for the eagle methods asked for, from --eagle-heads."""
-    wanted = [m for m in methods if METHODS[m].draft in ("eagle1", "eagle3")]
+    wanted = [m for m in methods if METHODS[registered(m)].draft in ("eagle1", "eagle3")]
     if not wanted:
         return {}
     if not args.eagle_heads:
