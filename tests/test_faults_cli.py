@@ -229,7 +229,10 @@ def test_ctrl_c_while_answering_a_prompt(tiny_llama_dir, tmp_path):
     before = snapshot(model)
     process = subprocess.Popen([sys.executable, "inference/chat.py", "--model", str(model), "--no-heads",
                                 "--prompt", "Tell me a long story.", "--max-new-tokens", "100000", "--dtype", "fp32"],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               # as from a terminal: a shell's background job (`make test &`) ignores SIGINT, and
+                               # its children would inherit that and never see the Ctrl-C
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         shown = b""
         deadline = time.monotonic() + 120
