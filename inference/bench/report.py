@@ -85,7 +85,8 @@ def noise_line(results: dict) -> str | None:
     b = noise["baseline_tokens_per_s"]
     return (f"**Noisy run:** HF greedy's tokens/s varied across questions by CV {b['cv']:.2f} (bound "
             f"{noise['bound']:.2f}; min {b['min']:.1f}, median {b['median']:.1f}, max {b['max']:.1f} over "
-            f"{noise['questions']} questions): the machine was busy, differences of that size are noise.")
+            f"{noise['questions']} questions): a busy machine or very different prompt lengths (prefill); per-question "
+            f"differences of that size may be noise.")
 
 
 def machine() -> str:
