@@ -123,3 +123,17 @@ class Started:
             out, err = self.process.communicate(timeout=timeout)
             self.completed = subprocess.CompletedProcess(self.process.args, self.process.returncode, out, err)
         return self.completed
+
+
+# Fault injection for a training process: SIGKILL in the n-th checkpoint tensor write (format with n=...).
+KILL_IN_NTH_SAVE = """
+import os, signal
+import specheads.train.checkpoint as checkpoint
+original, calls = checkpoint.save_file, [0]
+def dying_save_file(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == {n}:
+        os.kill(os.getpid(), signal.SIGKILL)  # a real crash, in the middle of writing a checkpoint
+    return original(*args, **kwargs)
+checkpoint.save_file = dying_save_file
+"""

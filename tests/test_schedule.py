@@ -11,21 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import synthetic_sharegpt, tiny_train_config, write_jsonl
+from conftest import KILL_IN_NTH_SAVE, synthetic_sharegpt, tiny_train_config, write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
-
-KILL_IN_NTH_SAVE = """
-import os, signal
-import specheads.train.checkpoint as checkpoint
-original, calls = checkpoint.save_file, [0]
-def dying_save_file(*args, **kwargs):
-    calls[0] += 1
-    if calls[0] == {n}:
-        os.kill(os.getpid(), signal.SIGKILL)  # a real crash, in the middle of writing a checkpoint
-    return original(*args, **kwargs)
-checkpoint.save_file = dying_save_file
-"""
 
 # Two stages of 3 updates each (checkpoints every 2 and at each stage's end: run-wide updates 2, 3, 5, 6); the
 # second trains on other data at another lr.

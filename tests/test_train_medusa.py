@@ -9,20 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import KILL_IN_NTH_SAVE
+
 REPO = Path(__file__).resolve().parent.parent
 
-
-KILL_IN_NTH_SAVE = """
-import os, signal
-import specheads.train.checkpoint as checkpoint
-original, calls = checkpoint.save_file, [0]
-def dying_save_file(*args, **kwargs):
-    calls[0] += 1
-    if calls[0] == {n}:
-        os.kill(os.getpid(), signal.SIGKILL)  # a real crash, in the middle of writing a checkpoint
-    return original(*args, **kwargs)
-checkpoint.save_file = dying_save_file
-"""
 
 NAN_FROM_STEP = """
 import specheads.train.medusa as medusa
