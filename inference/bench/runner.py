@@ -170,7 +170,7 @@ def run_batched(args, options, model, tokenizer, methods, drafts, questions, com
     decoders = {}
     for method in methods:
         if method != "baseline":
-            target, draft = drafts.get(method, (model, None))
+            draft = drafts[method][1] if method in drafts else None  # batched: every draft is on the base itself
             decoders[method] = BatchedTreeDecoder(model, candidates=build_source(registered(method), model, draft,
                                                                                  options))
     prompts = [chat_input_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}])[0].tolist() for q in questions]
