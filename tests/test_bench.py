@@ -269,33 +269,50 @@ def _record(new_tokens, seconds):
             "forwards": new_tokens}
 
 
-def test_baseline_noise_flags_a_run_whose_hf_greedy_speed_varied():
-    """The noise measure on synthetic baseline records (no model): CV of per-question tokens/s, short answers left
-    out, flagged above the bound, one warning line in results.md only when flagged."""
+def test_machine_noise_flags_a_run_whose_probe_forward_varied():
+    """The noise measure on synthetic probe times (no model): CV of the fixed probe forward's time, flagged above
+    the bound; HF greedy's spread (short answers left out) reported beside it; results.md says which."""
     import statistics
 
-    from specheads.inference.bench.report import baseline_noise, single_markdown
+    from specheads.inference.bench.report import machine_noise, single_markdown
 
-    steady = [_record(100, 100 / rate) for rate in (50, 51, 49, 50.5)] + [_record(5, 5.0)]  # 1 tok/s, but 5 tokens
-    noise = baseline_noise(steady, bound=0.1)
-    assert noise["questions"] == 4 and noise["min_new_tokens"] == 16 and noise["bound"] == 0.1
-    stats = noise["baseline_tokens_per_s"]
-    assert stats["min"] == pytest.approx(49) and stats["max"] == pytest.approx(51)
-    assert stats["median"] == pytest.approx(50.25)
-    rates = [50, 51, 49, 50.5]
-    assert stats["cv"] == pytest.approx(statistics.pstdev(rates) / statistics.fmean(rates))
-    assert not noise["noisy"]
+    baseline = [_record(100, 100 / rate) for rate in (50, 51, 25, 50.5)] + [_record(5, 5.0)]  # 1 tok/s, 5 tokens
+    steady = [0.080, 0.081, 0.079, 0.0805]
+    noise = machine_noise(steady, baseline, bound=0.1)
+    assert noise["probes"] == 4 and noise["bound"] == 0.1 and not noise["noisy"]
+    probe = noise["probe_seconds"]
+    assert probe["min"] == pytest.approx(0.079) and probe["max"] == pytest.approx(0.081)
+    assert probe["cv"] == pytest.approx(statistics.pstdev(steady) / statistics.fmean(steady))
+    rates = noise["baseline_tokens_per_s"]  # the slow third question is text (a long prompt), not the machine
+    assert rates["min"] == pytest.approx(25) and rates["cv"] > 0.2
 
-    busy = [_record(100, 100 / rate) for rate in (50, 50, 25, 30)]  # half the run on a busy machine
-    noise = baseline_noise(busy, bound=0.1)
-    assert noise["noisy"] and noise["baseline_tokens_per_s"]["cv"] > 0.2
-    assert not baseline_noise(busy, bound=0.5)["noisy"]
-    assert baseline_noise([_record(100, 2.0), _record(8, 1.0)])["baseline_tokens_per_s"] is None  # one usable
+    busy = [0.080, 0.080, 0.200, 0.160]  # half the run on a busy machine
+    noise = machine_noise(busy, baseline, bound=0.1)
+    assert noise["noisy"] and noise["probe_seconds"]["cv"] > 0.3
+    assert not machine_noise(busy, baseline, bound=0.5)["noisy"]
+    assert machine_noise([0.08], baseline)["probe_seconds"] is None and not machine_noise([0.08], baseline)["noisy"]
 
     results = {"model": "m", "dtype": "fp32", "temperature": 0, "max_new_tokens": 128, "questions": 4,
                "date": "d", "machine": "x",
                "methods": {"baseline": {"overall": {"tau": 1.0, "tokens_per_s": 40.0, "speedup": 1.0},
                                         "per_category": {"c": {"tau": 1.0, "speedup": 1.0}}}}}
-    assert not any("Noisy" in line for line in single_markdown({**results, "noise": baseline_noise(steady)}))
+    calm = single_markdown({**results, "noise": machine_noise(steady, baseline)})
+    assert not any("Noisy" in line for line in calm) and any(line.startswith("Machine noise: a fixed probe")
+                                                               for line in calm)
     warned = [line for line in single_markdown({**results, "noise": noise}) if "Noisy" in line]
-    assert len(warned) == 1 and "CV 0.29" in warned[0] and "bound 0.10" in warned[0]
+    assert len(warned) == 1 and "CV 0.40" in warned[0] and "bound 0.10" in warned[0]
+
+
+def test_speedup_interval_resamples_questions():
+    """The 95% interval of the speedup over resampled questions: a point when every question has the same ratio,
+    around the estimate and wider for more spread-out ratios."""
+    from specheads.inference.bench.report import speedup_interval
+
+    base = [10.0, 20.0, 30.0, 40.0]
+    assert speedup_interval([2 * b for b in base], base) == pytest.approx([2.0, 2.0])
+    mixed = [b * r for b, r in zip(base * 5, [1.0, 3.0, 2.0, 1.5] * 5)]
+    low, high = speedup_interval(mixed, base * 5)
+    estimate = sum(mixed) / sum(base * 5)
+    assert low < estimate < high and high - low > 0.2
+    narrow = [b * r for b, r in zip(base * 5, [1.9, 2.1, 2.0, 2.0] * 5)]
+    assert (lambda i: i[1] - i[0])(speedup_interval(narrow, base * 5)) < (high - low) / 4

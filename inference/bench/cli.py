@@ -75,8 +75,8 @@ def parse_args(argv=None):
                         help="throughput mode: decode first turns B at a time "
                              "(methods " + ", ".join(BATCHED_METHODS) + ")")
     parser.add_argument("--noise-bound", type=float_in(0.0, float("inf"), low_open=True), default=NOISE_BOUND,
-                        help="flag the run as noisy when HF greedy's per-question tokens/s vary by more than this "
-                             "coefficient of variation (default %(default)s; needs method baseline, single-row runs)")
+                        help="flag the run as noisy when a fixed probe forward, timed before each question, varies "
+                             "by more than this coefficient of variation (default %(default)s; single-row runs)")
     parser.add_argument("--out", default="runs/bench")
     return parser.parse_args(argv)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import random
 import statistics
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def summarise(records: list[dict], baseline: list[dict] | None, greedy: bool) ->
         ratios = sorted((r["new_tokens"] / r["seconds"]) / (b["new_tokens"] / b["seconds"])
                         for r, b in zip(records, baseline))
         summary["speedup_per_question"] = {"min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1]}
+        summary["speedup_ci95"] = speedup_interval(tokens_per_s, [b["new_tokens"] / b["seconds"] for b in baseline])
         if greedy:
             same = [[t["tokens"] for t in r["turns"]] == [t["tokens"] for t in b["turns"]]
                     for r, b in zip(records, baseline)]
@@ -44,49 +46,70 @@ def summarise(records: list[dict], baseline: list[dict] | None, greedy: bool) ->
     return summary
 
 
-NOISE_BOUND = 0.10  # default of bench --noise-bound: see baseline_noise
-NOISE_MIN_TOKENS = 16  # shorter answers are left out of the noise measure: their time is mostly fixed costs
+NOISE_BOUND = 0.10  # default of bench --noise-bound: see machine_noise
+NOISE_MIN_TOKENS = 16  # shorter answers are left out of the baseline's spread: their time is mostly fixed costs
+BOOTSTRAP_SAMPLES = 2000
 
 
-def baseline_noise(baseline: list[dict], bound: float = NOISE_BOUND, min_tokens: int = NOISE_MIN_TOKENS) -> dict:
-    """How much HF greedy's tokens/s varied over the run, and whether that exceeds `bound`.
+def spread(values: list[float]) -> dict | None:
+    """min / median / max and the coefficient of variation (population stdev / mean); None under 2 values."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return {"min": min(values), "median": statistics.median(values), "max": max(values),
+            "cv": statistics.pstdev(values) / mean if mean > 0 else 0.0}
 
-    HF greedy (method "baseline") runs one forward per token whatever the text says, so its per-question
-    tokens/s hardly depends on the question: what varies is mostly the machine (other jobs, frequency,
-    caches). The measure is the coefficient of variation (population stdev / mean) of the baseline's
-    per-question tokens/s, over questions with at least `min_tokens` new tokens (a short answer's time is
-    mostly prefill and call overhead, so its tokens/s says little about decode speed). The CV rather than
-    max/min: one slow question (a long prompt's prefill, a single hiccup) moves max/min a lot and the CV
-    little, while a machine busy for part of the run, the case that skews the comparison of methods
-    interleaved across it, raises the CV. Text effects that remain (prompt length, a cache growing with the
-    answer) are a few percent for a small model at 128 tokens, so a CV above `bound` (default 0.10) says the
-    machine, not the questions, moved the figures: per-question speedups are then uncertain by about as much.
-    A machine uniformly slower for the whole run is not flagged: it slows every method alike.
-    -> {"baseline_tokens_per_s": {"min", "median", "max", "cv"}, "questions", "min_new_tokens", "bound",
-    "noisy"}; with fewer than 2 questions long enough, the figures are None and noisy is False.
+
+def speedup_interval(rates: list[float], base_rates: list[float], samples: int = BOOTSTRAP_SAMPLES) -> list[float]:
+    """95% bootstrap interval of mean(rates) / mean(base_rates), resampling questions (paired, fixed seed).
+
+    It says how much the speedup depends on which questions were drawn: the same method on another draw of
+    questions like these would land inside it about 19 times in 20. It does not cover machine noise that
+    slowed every method alike.
+    """
+    rng = random.Random(0)
+    n = len(rates)
+    ratios = []
+    for _ in range(samples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        ratios.append(sum(rates[i] for i in picks) / sum(base_rates[i] for i in picks))
+    ratios.sort()
+    return [ratios[int(0.025 * samples)], ratios[int(0.975 * samples) - 1]]
+
+
+def machine_noise(probe_seconds: list[float], baseline: list[dict], bound: float = NOISE_BOUND,
+                  min_tokens: int = NOISE_MIN_TOKENS) -> dict:
+    """How much the machine itself moved over the run, and whether that exceeds `bound`.
+
+    Before each question the runner times the same fixed forward of the base model (runner.Probe): the text
+    never changes, so the spread of those times is the machine alone (other jobs, frequency, caches). The
+    measure is their coefficient of variation (population stdev / mean); a machine busy for part of the run,
+    the case that skews methods interleaved across it, raises it, while a machine uniformly slower for the
+    whole run is not flagged (it slows every method alike). The spread of HF greedy's per-question tokens/s
+    is reported beside it but not used for the flag: it mixes in prompt length (prefill inside the timed
+    call), and read CV 0.21 on an idle machine.
+    -> {"probe_seconds": spread, "probes", "baseline_tokens_per_s": spread (answers of >= min_tokens),
+    "bound", "noisy"}.
     """
     rates = [r["new_tokens"] / r["seconds"] for r in baseline if r["new_tokens"] >= min_tokens and r["seconds"] > 0]
-    noise = {"baseline_tokens_per_s": None, "questions": len(rates), "min_new_tokens": min_tokens,
-             "bound": bound, "noisy": False}
-    if len(rates) >= 2:
-        mean = statistics.fmean(rates)
-        cv = statistics.pstdev(rates) / mean if mean > 0 else 0.0
-        noise["baseline_tokens_per_s"] = {"min": min(rates), "median": statistics.median(rates),
-                                          "max": max(rates), "cv": cv}
-        noise["noisy"] = cv > bound
-    return noise
+    probe = spread(probe_seconds)
+    return {"probe_seconds": probe, "probes": len(probe_seconds), "baseline_tokens_per_s": spread(rates),
+            "min_new_tokens": min_tokens, "bound": bound, "noisy": bool(probe and probe["cv"] > bound)}
 
 
-def noise_line(results: dict) -> str | None:
-    """One line of results.md when the run's baseline varied more than its bound; None otherwise."""
+def noise_line(results: dict) -> str:
+    """One line of results.md saying how steady the machine was over the run (a warning above the bound)."""
     noise = results.get("noise")
-    if not noise or not noise["noisy"]:
-        return None
-    b = noise["baseline_tokens_per_s"]
-    return (f"**Noisy run:** HF greedy's tokens/s varied across questions by CV {b['cv']:.2f} (bound "
-            f"{noise['bound']:.2f}; min {b['min']:.1f}, median {b['median']:.1f}, max {b['max']:.1f} over "
-            f"{noise['questions']} questions): a busy machine or very different prompt lengths (prefill); per-question "
-            f"differences of that size may be noise.")
+    if not noise or not noise.get("probe_seconds"):
+        return "Machine noise: not measured."
+    p = noise["probe_seconds"]
+    figures = (f"a fixed probe forward timed before each of {noise['probes']} questions varied by CV {p['cv']:.2f} "
+               f"(min {1e3 * p['min']:.1f} ms, median {1e3 * p['median']:.1f} ms, max {1e3 * p['max']:.1f} ms; "
+               f"bound {noise['bound']:.2f})")
+    if noise["noisy"]:
+        return (f"**Noisy run:** {figures}: the machine was busy for part of the run, so per-question and per-method "
+                f"differences of that size may be noise.")
+    return f"Machine noise: {figures}."
 
 
 def machine() -> str:
@@ -124,16 +147,16 @@ def single_markdown(results: dict) -> list[str]:
     """results.md of a single-row run: the overall table, then speedup (τ) per category."""
     methods = results["methods"]
     categories = sorted({c for m in methods.values() for c in m["per_category"]})
-    warning = noise_line(results)
-    lines = [header_line(results), "", *([warning, ""] if warning else []),
-             "| method | τ | tokens/s | speedup | greedy match | step / (forward + draft) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [header_line(results), "", noise_line(results), "",
+             "| method | τ | tokens/s | speedup | 95% interval (questions) | greedy match | step / (forward + draft) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, m in methods.items():
         o = m["overall"]
         match = f"{o['greedy_match']:.2f}" if "greedy_match" in o else "–"
         overhead = f"{o['step_overhead']:.3f}" if "step_overhead" in o else "–"
-        lines.append(f"| {name} | {o['tau']:.2f} | {o['tokens_per_s']:.1f} | {o.get('speedup', 1.0):.2f}x | {match} "
-                     f"| {overhead} |")
+        interval = f"{o['speedup_ci95'][0]:.2f}-{o['speedup_ci95'][1]:.2f}" if "speedup_ci95" in o else "–"
+        lines.append(f"| {name} | {o['tau']:.2f} | {o['tokens_per_s']:.1f} | {o.get('speedup', 1.0):.2f}x | {interval} "
+                     f"| {match} | {overhead} |")
     if "hf_unpacked" in methods:
         stock = methods["hf_unpacked"]["overall"]["tokens_per_s"]
         lines += ["", f"Against `hf_unpacked` (HF `generate` on stock PyTorch linears, {stock:.1f} tokens/s): " + ", ".join(

@@ -20,7 +20,7 @@ from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
 from specheads.inference.methods import METHODS, Context, MethodOptions, build_source
 
-from .report import NOISE_BOUND, baseline_noise, run_header, summarise
+from .report import NOISE_BOUND, machine_noise, run_header, summarise
 
 
 class ForwardCounter:
@@ -32,6 +32,25 @@ class ForwardCounter:
 
     def _hook(self, *args):
         self.calls += 1
+
+
+class Probe:
+    """A fixed forward of the base model (the same 64 token ids, no cache), timed before each question: its time
+    does not depend on any text, so its spread over the run is the machine's (report.machine_noise)."""
+
+    def __init__(self, model, tokens: int = 64, repeats: int = 3):
+        self.model, self.repeats = model, repeats
+        self.ids = (torch.arange(tokens) % model.config.vocab_size).unsqueeze(0).to(model.device)
+        self.seconds: list[float] = []
+
+    def __call__(self) -> None:
+        times = []
+        with torch.inference_mode():
+            for _ in range(self.repeats):
+                start = time.perf_counter()
+                self.model(self.ids, use_cache=False)
+                times.append(time.perf_counter() - start)
+        self.seconds.append(sorted(times)[len(times) // 2])  # the median: one preempted call is not the machine
 
 
 def registered(method: str) -> str:
@@ -123,7 +142,11 @@ def run_single(args, options, model, tokenizer, methods, drafts, questions, comm
     for method in methods:  # warm-up: first calls allocate and tune kernels
         runner.run_question(method, {**questions[0], "turns": questions[0]["turns"][:1]})
     records = {m: [] for m in methods}
+    probe = Probe(model)
+    probe()  # warm-up
+    probe.seconds.clear()
     for question in tqdm(questions, desc="questions"):
+        probe()
         for method in methods:  # interleaved, so machine noise hits every method alike
             records[method].append(runner.run_question(method, question))
 
@@ -144,8 +167,8 @@ def run_single(args, options, model, tokenizer, methods, drafts, questions, comm
                 for a in t["accepted"]:
                     hist[str(a)] += 1
         results["accepted_length_histogram"][method] = dict(hist)
-    if "baseline" in records:  # how much the machine moved HF greedy's speed over the run (report.baseline_noise)
-        results["noise"] = baseline_noise(records["baseline"], getattr(args, "noise_bound", NOISE_BOUND))
+    # how much the machine moved over the run (report.machine_noise)
+    results["noise"] = machine_noise(probe.seconds, records.get("baseline", []), getattr(args, "noise_bound", NOISE_BOUND))
     return results, records
 
 
