@@ -256,12 +256,44 @@ def test_readme_headline_lists_our_fastest_methods_and_hfs_peers():
     from specheads.inference.bench import results
 
     runs = [REPO / "data" / "benchmarks" / name for name in ("bench-smol-t0", "bench-smol-t1", "bench-smol-batch-4")]
-    table = results.render_headline(runs).splitlines()
+    assert results.render_headline(runs).splitlines()[2:] == []  # README results come from the test split only
+    table = results.render_headline(runs, split="dev").splitlines()
     smol_t0 = [line for line in table if line.startswith("| smollm2-135m-instruct | 0 |")]
     assert [line.split(" | ")[2] for line in smol_t0] == ["eagle3_pld", "medusa_pld", "pld", "hf_prompt_lookup",
                                                         "hf_assisted"]
-    assert "| 3.48 | 2.74x | 20 (bench-smol-t0) |" in smol_t0[0]
-    assert len(table) == 2 + 2 * 5  # header + (T=0, T=1) x (3 of ours + 2 peers); the batched run has its own tables
+    assert "| 3.48 | 2.74x | 20 (bench-smol-t0) |" in smol_t0[0]  # run before the interval existed: none shown
+    rows = [line for line in table if line.startswith("| smollm2")]
+    assert len(rows) == 2 * 5  # (T=0, T=1) x (3 of ours + 2 peers); the batched run has its own tables
+    assert table[-2:] == ["- bench-smol-t0: Machine noise: not measured.", "- bench-smol-t1: Machine noise: not measured."]
+
+
+def test_results_split_dev_and_test_and_compare_temperatures(tmp_path):
+    """Runs on a *-test.jsonl question file are the test split (recorded, or read from an older run's command);
+    the summary gives each split its own tables, and τ(T=1)/τ(T=0) per method on the same split."""
+    from specheads.inference.bench import results
+
+    def bench(name, questions_file, temperature, taus):
+        folder = tmp_path / name
+        folder.mkdir()
+        methods = {m: {"overall": {"speedup": t, "tau": t, "tokens_per_s": 10 * t, "questions": 4,
+                                   "speedup_ci95": [t - 0.1, t + 0.1]},
+                       "per_category": {"code": {"speedup": t, "tau": t}}} for m, t in taus.items()}
+        (folder / "results.json").write_text(json.dumps(
+            {"model": "small", "temperature": temperature, "questions": 4, "date": "d", "methods": methods,
+             **questions_file}))
+        return folder
+
+    test0 = bench("t0", {"questions_file": "data/questions/sharegpt-test.jsonl"}, 0.0, {"baseline": 1.0, "medusa": 2.0})
+    test1 = bench("t1", {"command": "python scripts/bench.py --questions data/questions/sharegpt-test.jsonl"}, 1.0,
+                  {"baseline": 1.0, "medusa": 1.5})
+    dev0 = bench("d0", {"command": "python scripts/bench.py --max-questions 4"}, 0.0, {"baseline": 1.0, "medusa": 3.0})
+    assert [results.split_of(json.loads((f / "results.json").read_text())) for f in (test0, test1, dev0)] == \
+        ["test", "test", "dev"]
+    summary = results.render_summary([test0, test1, dev0])
+    assert summary.index("T=0, test questions") < summary.index("T=0, dev questions")
+    assert "| medusa | 2.00 | 1.50 | 0.75 | 2.00x | 1.50x | 4 / 4 |" in summary
+    headline = results.render_headline([test0, test1, dev0])
+    assert "| small | 0 | medusa | 2.00 | 2.00x (1.90-2.10) | 4 (t0) |" in headline and "3.00x" not in headline
 
 
 def _record(new_tokens, seconds):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from specheads.heads.files import write_text
 
-from .report import machine
+from .report import machine, noise_line
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 # Vicuna-7B, 5 heads, ShareGPT (Medusa paper, via shared/REFERENCE.md)
@@ -96,8 +96,22 @@ def render_bench(directory: Path) -> str:
     return "\n".join([f"Benchmark `{command}`{note}:", "", (directory / "results.md").read_text().strip()])
 
 
-def summary_rows(bench_dirs: list[Path]) -> dict[tuple, tuple[dict, Path]]:
-    """For each (model, temperature, method), the row of the benchmark with the most questions, latest on ties.
+def questions_file(results: dict) -> str:
+    """The question file a run answered: recorded since the test split existed, read from older runs' command."""
+    if results.get("questions_file"):
+        return results["questions_file"]
+    words = results.get("command", "").split()
+    return words[words.index("--questions") + 1] if "--questions" in words[:-1] else "data/questions/sharegpt-dev.jsonl"
+
+
+def split_of(results: dict) -> str:
+    """"test" for a run on a test split (questions nobody tuned on, data/questions/README.md), else "dev"."""
+    return "test" if Path(questions_file(results)).stem.endswith("-test") else "dev"
+
+
+def summary_rows(bench_dirs: list[Path], split: str | None = None) -> dict[tuple, tuple[dict, Path]]:
+    """For each (model, temperature, method), the row of the benchmark with the most questions, latest on ties;
+    only runs on `split` ("dev" or "test") when given.
 
     Not the fastest run: that would pick each method's luckiest question set. Every speedup is against HF
     `generate` in the same process run, so rows from different runs compare.
@@ -106,6 +120,8 @@ def summary_rows(bench_dirs: list[Path]) -> dict[tuple, tuple[dict, Path]]:
     for directory in bench_dirs:
         results = json.loads((directory / "results.json").read_text())
         if results.get("batch_size"):  # throughput runs (no categories) stay in their own tables
+            continue
+        if split is not None and split_of(results) != split:
             continue
         rank = (results.get("questions", 0), results.get("date", ""))
         unpacked = results["methods"].get("hf_unpacked")
@@ -119,14 +135,44 @@ def summary_rows(bench_dirs: list[Path]) -> dict[tuple, tuple[dict, Path]]:
     return {key: (row, directory) for key, (row, directory, _) in chosen.items()}
 
 
+SPLIT_TITLES = {"test": "test questions, never tuned on", "dev": "dev questions, tuned on"}
+
+
 def render_summary(bench_dirs: list[Path]) -> str:
-    """One table per model and temperature: every method's run from summary_rows, with its speedup per category."""
-    best = summary_rows(bench_dirs)
+    """One table per split, model and temperature: every method's run from summary_rows, with its speedup per
+    category; the test split first."""
+    sections = []
+    for split in ("test", "dev"):
+        best = summary_rows(bench_dirs, split)
+        sections += summary_tables(best, SPLIT_TITLES[split]) + temperature_tables(best, SPLIT_TITLES[split])
+    return "\n\n".join(["### Summary: each method in its largest benchmark (latest on ties)", *sections, "### Benchmarks"])
+
+
+def temperature_tables(best: dict, title: str) -> list[str]:
+    """Per model: how much of each method's greedy τ and speedup survives sampling (T=1 against T=0)."""
+    sections = []
+    for model in sorted({m for m, _, _ in best}):
+        methods = [k[2] for k in best if k[:2] == (model, 0.0) and (model, 1.0, k[2]) in best
+                   and not k[2].startswith(("baseline", "hf_unpacked"))]
+        if not methods:
+            continue
+        rows = [f"**{model}**, {title}: sampling (T=1) against greedy (T=0)", "",
+                "| method | τ T=0 | τ T=1 | τ(T=1)/τ(T=0) | speedup T=0 | speedup T=1 | questions T=0 / T=1 |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for method in sorted(methods, key=lambda m: -best[(model, 1.0, m)][0]["overall"]["tau"]):
+            greedy, sampled = best[(model, 0.0, method)][0]["overall"], best[(model, 1.0, method)][0]["overall"]
+            rows.append(f"| {method} | {greedy['tau']:.2f} | {sampled['tau']:.2f} | {sampled['tau'] / greedy['tau']:.2f} "
+                        f"| {greedy['speedup']:.2f}x | {sampled['speedup']:.2f}x | {greedy.get('questions', '?')} / {sampled.get('questions', '?')} |")
+        sections.append("\n".join(rows))
+    return sections
+
+
+def summary_tables(best: dict, title: str) -> list[str]:
     sections = []
     for model, temperature in sorted({(m, t) for m, t, _ in best}):
         keys = [key for key in best if key[:2] == (model, temperature)]
         categories = sorted({c for key in keys for c in best[key][0]["per_category"]})
-        rows = [f"**{model}**, T={temperature:g} (speedup against HF `generate` on the same packed model in the same "
+        rows = [f"**{model}**, T={temperature:g}, {title} (speedup against HF `generate` on the same packed model in the same "
                 "run, τ in brackets; vs unpacked: against HF `generate` on stock PyTorch linears, where the run had it):", "",
                 "| method | τ | tokens/s | speedup | vs unpacked | " + " | ".join(categories) + " | run |",
                 "|---|---:|---:|---:|---:|" + "---:|" * len(categories) + "---|"]
@@ -139,17 +185,24 @@ def render_summary(bench_dirs: list[Path]) -> str:
             rows.append(f"| {key[2]} | {overall['tau']:.2f} | {overall['tokens_per_s']:.1f} | "
                         f"**{overall['speedup']:.2f}x** | {stock} | " + " | ".join(cells) + f" | {directory.name} |")
         sections.append("\n".join(rows))
-    return "\n\n".join(["### Summary: each method in its largest benchmark (latest on ties)", *sections, "### Benchmarks"])
+    return sections
 
 
 HEADLINE_PEERS = ("hf_prompt_lookup", "prompt_lookup", "hf_assisted")
 
 
-def render_headline(bench_dirs: list[Path], ours_per_row: int = 3) -> str:
+def interval(overall: dict) -> str:
+    low_high = overall.get("speedup_ci95")
+    return f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else ""
+
+
+def render_headline(bench_dirs: list[Path], ours_per_row: int = 3, split: str = "test") -> str:
     """The README's one table: per model and temperature, our fastest methods and HF's own speculative peers,
-    each from its largest benchmark (summary_rows)."""
-    best = summary_rows(bench_dirs)
-    lines = ["| model | T | method | τ | speedup vs HF `generate` | questions (run) |", "|---|---:|---|---:|---:|---|"]
+    each from its largest benchmark on `split` (summary_rows), the speedup's 95% interval over questions beside
+    it, then how noisy each run's machine was."""
+    best = summary_rows(bench_dirs, split)
+    lines = ["| model | T | method | τ | speedup vs HF `generate` (95% interval) | questions (run) |",
+             "|---|---:|---|---:|---:|---|"]
     for model, temperature in sorted({(m, t) for m, t, _ in best}):
         keys = sorted((key for key in best if key[:2] == (model, temperature)),
                       key=lambda k: -best[k][0]["overall"]["speedup"])
@@ -157,9 +210,11 @@ def render_headline(bench_dirs: list[Path], ours_per_row: int = 3) -> str:
         for key in ours[:ours_per_row] + [k for k in keys if k[2] in HEADLINE_PEERS]:
             row, directory = best[key]
             overall = row["overall"]
-            lines.append(f"| {model} | {temperature:g} | {key[2]} | {overall['tau']:.2f} | {overall['speedup']:.2f}x | "
-                         f"{overall['questions']} ({directory.name}) |")
-    return "\n".join(lines)
+            lines.append(f"| {model} | {temperature:g} | {key[2]} | {overall['tau']:.2f} | {overall['speedup']:.2f}x"
+                         f"{interval(overall)} | {overall['questions']} ({directory.name}) |")
+    runs = sorted({directory for _, directory in best.values()})
+    noise = [f"{d.name}: {noise_line(json.loads((d / 'results.json').read_text()))}" for d in runs]
+    return "\n".join(lines + [""] + [f"- {line}" for line in noise])
 
 
 def render(run: Path) -> str:
