@@ -19,6 +19,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 MEDUSA_MODEL_TYPE = "specheads-medusa"
 EAGLE_MODEL_TYPE = "specheads-eagle"
+DFLASH_MODEL_TYPE = "specheads-dflash"
 
 
 def _replace_via_temp(path: Path, write) -> Path:

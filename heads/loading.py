@@ -1,25 +1,28 @@
 """Load any draft heads folder: the one place that reads a folder's config.json to say what it holds.
 
-`load_heads` gives MedusaHeads or an EagleDraft for specheads' own folders and for every readable external format
-(heads.formats): FasterDecoding/Medusa v0.1, vLLM Medusa, and the vLLM / SGLang / speculators EAGLE folders.
+`load_heads` gives MedusaHeads, an EagleDraft or a DFlashDraft for specheads' own folders and for every readable
+external format (heads.formats): FasterDecoding/Medusa v0.1, vLLM Medusa, the vLLM / SGLang / speculators EAGLE
+folders and vLLM's DFlash folder.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .dflash import DFlashDraft
+from .dflash import check_compatible as dflash_fits
 from .eagle import EagleDraft
 from .eagle import check_compatible as eagle_fits
-from .files import EAGLE_MODEL_TYPE, MEDUSA_MODEL_TYPE, read_json_config
+from .files import DFLASH_MODEL_TYPE, EAGLE_MODEL_TYPE, MEDUSA_MODEL_TYPE, read_json_config
 from .formats import FORMATS, detect
 from .medusa import MedusaHeads
 from .medusa import check_compatible as medusa_fits
 
-OWN = {MEDUSA_MODEL_TYPE: MedusaHeads, EAGLE_MODEL_TYPE: EagleDraft}
+OWN = {MEDUSA_MODEL_TYPE: MedusaHeads, EAGLE_MODEL_TYPE: EagleDraft, DFLASH_MODEL_TYPE: DFlashDraft}
 
 
 def folder_kind(directory: str | Path) -> str:
-    """What a heads folder holds: "specheads-medusa", "specheads-eagle", or the external format whose config.json
+    """What a heads folder holds: "specheads-medusa", "specheads-eagle", "specheads-dflash", or the external format whose config.json
     it has (a key of heads.formats.FORMATS). An unreadable or unknown config is an error naming the file."""
     path, raw = read_json_config(directory, what="draft heads")
     if raw.get("model_type") in OWN:
@@ -27,13 +30,13 @@ def folder_kind(directory: str | Path) -> str:
     kind = detect(raw)
     if kind is None:
         raise ValueError(f"{path}: not a heads folder specheads knows: model_type is {raw.get('model_type')!r}; "
-                         f"expected {MEDUSA_MODEL_TYPE!r}, {EAGLE_MODEL_TYPE!r}, or an export of "
+                         f"expected {MEDUSA_MODEL_TYPE!r}, {EAGLE_MODEL_TYPE!r}, {DFLASH_MODEL_TYPE!r}, or an export of "
                          f"{', '.join(n for n, f in FORMATS.items() if getattr(f, 'load', None))}")
     return kind
 
 
-def load_heads(directory: str | Path, base_model=None) -> MedusaHeads | EagleDraft:
-    """Medusa heads or an EAGLE draft from any folder specheads reads; with `base_model`, checked to fit it."""
+def load_heads(directory: str | Path, base_model=None) -> MedusaHeads | EagleDraft | DFlashDraft:
+    """Medusa heads, an EAGLE draft or a DFlash drafter from any folder specheads reads; with `base_model`, checked to fit it."""
     kind = folder_kind(directory)
     if kind in OWN:
         return OWN[kind].from_pretrained(directory, base_model=base_model)
@@ -42,7 +45,8 @@ def load_heads(directory: str | Path, base_model=None) -> MedusaHeads | EagleDra
         raise ValueError(f"{directory}: a {kind!r} folder cannot be read back as heads")
     heads = reader(directory, base_model=base_model)
     if base_model is not None:
-        check = medusa_fits if isinstance(heads, MedusaHeads) else eagle_fits
+        check = (medusa_fits if isinstance(heads, MedusaHeads) else
+                 dflash_fits if isinstance(heads, DFlashDraft) else eagle_fits)
         check(heads.config, base_model.config, source=str(directory))
     return heads
 
@@ -51,5 +55,6 @@ def load_medusa_heads(directory: str | Path, base_model=None) -> MedusaHeads:
     """Medusa heads from any folder that holds them (specheads, FasterDecoding, vLLM Medusa)."""
     heads = load_heads(directory, base_model=base_model)
     if not isinstance(heads, MedusaHeads):
-        raise ValueError(f"{directory}: holds an EAGLE draft ({heads.config.variant}), not Medusa heads")
+        what = "a DFlash drafter" if isinstance(heads, DFlashDraft) else f"an EAGLE draft ({heads.config.variant})"
+        raise ValueError(f"{directory}: holds {what}, not Medusa heads")
     return heads

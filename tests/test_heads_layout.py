@@ -10,7 +10,7 @@ import pytest
 HEADS = Path(__file__).resolve().parents[1] / "heads"
 LAYERS = {
     "files": 0, "weights": 0, "fingerprint": 0,
-    "medusa": 1, "eagle": 1, "joint": 1,
+    "medusa": 1, "eagle": 1, "dflash": 1, "joint": 1,
     "formats": 2,
     "loading": 3, "export": 3,
     "serving": 4, "model_card": 4, "hub": 4, "__init__": 4,

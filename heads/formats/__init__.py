@@ -10,6 +10,7 @@ One module per format (or per engine loader family), each holding its export and
 | `vllm-eagle3`     | speculators.py     | EAGLE-3 draft          | vLLM (`method: eagle3`), speculators |
 | `sglang-eagle`    | sglang.py          | EAGLE-1 draft          | SGLang (`EAGLE`)                     |
 | `sglang-eagle3`   | sglang.py          | EAGLE-3 draft          | SGLang (`EAGLE3`)                    |
+| `vllm-dflash`     | vllm_dflash.py     | DFlash block drafter   | vLLM (`method: dflash`)              |
 | `merged`          | merged.py          | Medusa-2 base + heads  | anything that loads an HF model      |
 
 `FORMATS` is the registry; every entry satisfies `Format`. The models (heads/medusa.py, heads/eagle.py) never
@@ -21,12 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from . import faster_decoding, merged, sglang, speculators, vllm_eagle, vllm_medusa
+from . import faster_decoding, merged, sglang, speculators, vllm_dflash, vllm_eagle, vllm_medusa
 
 
 @runtime_checkable
 class Format(Protocol):
-    """An external format: a name, the kind of draft it carries ("medusa", "eagle1", "eagle3"), how to recognise
+    """An external format: a name, the kind of draft it carries ("medusa", "eagle1", "eagle3", "dflash"), how to recognise
     its config.json, how to write a specheads folder as it, and how to read it back (None: not readable)."""
 
     NAME: str
@@ -50,7 +51,7 @@ class _Module:
 FORMATS: dict[str, Format] = {
     fmt.NAME: fmt for fmt in (
         _Module(vllm_medusa), _Module(faster_decoding), vllm_eagle.FORMAT, speculators.FORMAT, *sglang.FORMATS,
-        _Module(merged))}
+        _Module(merged), _Module(vllm_dflash))}
 # EAGLE format -> the draft variant it carries
 EAGLE_FORMATS = {name: fmt.KIND for name, fmt in FORMATS.items() if fmt.KIND.startswith("eagle")}
 
