@@ -6,7 +6,8 @@ build their decoders here, with one set of options (`MethodOptions`, filled from
 
 A method is either ours (`source`: a candidate source for TreeDecoder / BatchedTreeDecoder, None = plain
 decoding) or a peer run through HF `generate` (`hf`: the extra `generate` arguments). `draft` says what it
-decodes with: None (the base alone), "medusa" heads, or an EAGLE draft of a variant ("eagle1", "eagle3").
+decodes with: None (the base alone), "medusa" heads, an EAGLE draft of a variant ("eagle1", "eagle3"), or a
+"dflash" block drafter.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specheads.heads import EagleDraft, MedusaHeads
+from specheads.heads import DFlashDraft, EagleDraft, MedusaHeads
 
 from .candidates import (FallbackCandidates, MedusaCandidates, MergedCandidates, PromptLookupCandidates,
                          lookup_with_heads)
 from .cli import int_at_least, int_or_auto, min_prob, positive_int, tree_json
-from .eagle import EagleCandidates
+from .dflash import DFlashCandidates
+from .eagle import EagleCandidates, SampledEagleCandidates
 from .lookahead import LookaheadCandidates
 from .source import CandidateSource
 from .speculative import DraftModelCandidates, self_draft
@@ -32,8 +34,10 @@ PLD_COMBINE = ("by-match", "first", "merge")
 @dataclass
 class MethodOptions:
     """Every setting a method reads; one name each, whichever tool builds the method."""
-    tree: list | None = None  # Medusa: rank paths of the static tree; None = the tree stored with the heads
+    tree: list | None = None  # Medusa, DFlash: rank paths of the static tree; None = the tree stored with the heads
+    # (DFlash without one: the chain of top-1 tokens)
     eagle_tree: dict = field(default_factory=dict)  # EAGLE-2 tree: top_k / depth / total_tokens / min_prob overrides
+    eagle_sample: dict = field(default_factory=dict)  # *_sampled: top_k / width / depth overrides
     pld_tokens: int = 10  # prompt-lookup chain length (pld, hf_prompt_lookup, *_pld with combine first / merge)
     pld_combine: str = "by-match"  # *_pld: how lookup and the draft share a step (see with_lookup)
     pld_trusted_ngram: int = 2
@@ -78,7 +82,7 @@ class Context:
 class Method:
     name: str
     help: str
-    draft: str | None = None  # None | "medusa" | "eagle1" | "eagle3"
+    draft: str | None = None  # None | "medusa" | "eagle1" | "eagle3" | "dflash"
     source: Callable[[Context], CandidateSource | None] | None = None  # ours
     hf: Callable[[Context], dict] | None = None  # a peer through HF generate: extra generate() arguments
     batched: bool = False  # our batched decoder takes it (greedy)
@@ -116,6 +120,16 @@ def eagle_source(ctx: Context) -> EagleCandidates:
     """An EAGLE draft's dynamic tree: the settings stored with the draft, overridden by options.eagle_tree."""
     stored = (getattr(ctx.draft, "extra_config", None) or {}).get("eagle_tree", {})
     return EagleCandidates(ctx.draft, ctx.model, **{**stored, **ctx.options.eagle_tree})
+
+
+def sampled_eagle_source(ctx: Context) -> SampledEagleCandidates:
+    """An EAGLE draft whose children are sampled from its distribution at T > 0 (options.eagle_sample)."""
+    return SampledEagleCandidates(ctx.draft, ctx.model, **ctx.options.eagle_sample)
+
+
+def dflash_source(ctx: Context) -> DFlashCandidates:
+    """A DFlash drafter's block, one forward per step: options.tree, else the tree stored with it, else the chain."""
+    return DFlashCandidates.for_model(ctx.model, ctx.draft, ctx.options.tree)
 
 
 def with_lookup(draft_source: CandidateSource, ctx: Context, heads_on_match: CandidateSource | None = None):
@@ -176,6 +190,14 @@ register("eagle2_pld", "eagle2 with prompt lookup (pld_combine)", draft="eagle1"
 register("eagle3", "an EAGLE-3 draft with an EAGLE-2 dynamic tree", draft="eagle3", source=eagle_source, batched=True)
 register("eagle3_pld", "eagle3 with prompt lookup (pld_combine)", draft="eagle3",
          source=lambda ctx: with_lookup(eagle_source(ctx), ctx), batched=True)
+register("eagle2_sampled", "an EAGLE-1 draft whose tree children are sampled from it at T > 0 (exact rejection "
+         "sampling without replacement)", draft="eagle1", source=sampled_eagle_source)
+register("eagle3_sampled", "an EAGLE-3 draft whose tree children are sampled from it at T > 0 (exact rejection "
+         "sampling without replacement)", draft="eagle3", source=sampled_eagle_source)
+register("dflash", "a DFlash block drafter: one forward drafts the block; the top-1 chain or a static tree (--tree)",
+         draft="dflash", source=dflash_source, batched=True)
+register("dflash_pld", "dflash with prompt lookup (pld_combine)", draft="dflash",
+         source=lambda ctx: with_lookup(dflash_source(ctx), ctx), batched=True)
 
 
 def draft_kind(draft) -> str | None:
@@ -184,6 +206,8 @@ def draft_kind(draft) -> str | None:
         return None
     if isinstance(draft, EagleDraft):
         return draft.config.variant
+    if isinstance(draft, DFlashDraft):
+        return "dflash"
     if isinstance(draft, MedusaHeads):
         return "medusa"
     raise TypeError(f"not a draft: {type(draft).__name__}")
@@ -191,7 +215,8 @@ def draft_kind(draft) -> str | None:
 
 def method_for(draft, prompt_lookup: bool = False) -> str:
     """The method that decodes with this draft (None: none), with prompt lookup or not (chat.py's choice)."""
-    name = {None: "plain", "medusa": "medusa", "eagle1": "eagle2", "eagle3": "eagle3"}[draft_kind(draft)]
+    name = {None: "plain", "medusa": "medusa", "eagle1": "eagle2", "eagle3": "eagle3",
+            "dflash": "dflash"}[draft_kind(draft)]
     if prompt_lookup:
         return "pld" if name == "plain" else name + "_pld"
     return name
@@ -233,7 +258,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     """Every MethodOptions setting as a flag, the same name in every tool."""
     g = parser.add_argument_group("decoding methods")
     g.add_argument("--tree", type=tree_json, default=None,
-                   help="Medusa: JSON list of rank paths; default: the tree stored with the heads")
+                   help="Medusa, DFlash: JSON list of rank paths; default: the tree stored with the heads "
+                        "(DFlash without one: the top-1 chain)")
     g.add_argument("--eagle-top-k", dest="eagle_top_k", type=positive_int, default=None,
                    help="EAGLE-2 tree: children kept per expanded node")
     g.add_argument("--eagle-depth", dest="eagle_depth", type=positive_int, default=None,
@@ -242,6 +268,12 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
                    help="EAGLE-2 tree: nodes verified per step (the root included)")
     g.add_argument("--eagle-min-prob", dest="eagle_min_prob", type=min_prob, default=None,
                    help="EAGLE-2 tree: leave out nodes whose cumulative draft probability is below this")
+    g.add_argument("--eagle-sample-k", dest="eagle_sample_k", type=positive_int, default=None,
+                   help="eagle*_sampled: children drawn per expanded node (default 2)")
+    g.add_argument("--eagle-sample-width", dest="eagle_sample_width", type=positive_int, default=None,
+                   help="eagle*_sampled: nodes expanded per level (default 2)")
+    g.add_argument("--eagle-sample-depth", dest="eagle_sample_depth", type=positive_int, default=None,
+                   help="eagle*_sampled: draft steps (default 5)")
     for old, new, kind in (("--tree-top-k", "eagle_top_k", positive_int), ("--tree-depth", "eagle_depth", positive_int),
                            ("--tree-tokens", "eagle_tokens", int_at_least(2)), ("--tree-min-prob", "eagle_min_prob", min_prob)):
         g.add_argument(old, dest=new, type=kind, default=None, help=argparse.SUPPRESS)  # chat.py's former names
@@ -281,6 +313,8 @@ def options_from_args(args) -> MethodOptions:
     return MethodOptions(
         tree=json.loads(args.tree) if args.tree else None,
         eagle_tree=eagle_tree_options(args.eagle_top_k, args.eagle_depth, args.eagle_tokens, args.eagle_min_prob),
+        eagle_sample={key: value for key, value in (("top_k", args.eagle_sample_k), ("width", args.eagle_sample_width),
+                                                     ("depth", args.eagle_sample_depth)) if value is not None},
         pld_tokens=args.pld_tokens, pld_combine=args.pld_combine, pld_trusted_ngram=args.pld_trusted_ngram,
         pld_trusted_tokens=args.pld_trusted_tokens,
         pld_heads_tree=json.loads(args.pld_heads_tree) if args.pld_heads_tree else None,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specheads.heads import EagleConfig, EagleDraft, MedusaConfig, MedusaHeads
+from specheads.heads import DFlashConfig, DFlashDraft, EagleConfig, EagleDraft, MedusaConfig, MedusaHeads
 from specheads.inference.batched import BatchedTreeDecoder
 from specheads.inference.candidates import FallbackCandidates, MergedCandidates, PromptLookupCandidates
 from specheads.inference.decoder import TreeDecoder
@@ -33,7 +33,8 @@ def drafts_for(model):
     heads.extra_config = {"tree": [[0], [1], [0, 0]]}
     return {None: None, "medusa": heads,
             **{variant: EagleDraft(EagleConfig.for_base(model.config, "tiny", variant=variant))
-               for variant in ("eagle1", "eagle3")}}
+               for variant in ("eagle1", "eagle3")},
+            "dflash": DFlashDraft(DFlashConfig.for_base(model.config, "tiny", block_size=4))}
 
 
 def test_every_registered_method_builds_from_one_options_object(model):
