@@ -184,6 +184,19 @@ def check_finite(section: str, obj, names, minimum: float = 0.0, inclusive: bool
                              f"got {value}")
 
 
+# What train.best_by may rank evaluations by (higher is better): the rollout τ at T=0 / T=1 (train/acceptance.py),
+# or the chain estimate from per-head top-1 accuracy.
+BEST_BY = ("tau_t0", "tau_t1", "estimated_tau")
+# The draft's token loss: cross-entropy, the total-variation distance to the base (1 − T=1 acceptance), or both.
+DRAFT_LOSSES = ("ce", "tv", "ce+tv")
+
+
+def check_draft_loss(section: str, loss: str, tv_weight: float) -> None:
+    if loss not in DRAFT_LOSSES:
+        raise ValueError(f"{section}.loss must be one of {', '.join(DRAFT_LOSSES)}, got {loss!r}")
+    check_finite(section, types.SimpleNamespace(tv_weight=tv_weight), ("tv_weight",))
+
+
 @dataclass
 class TrainSection:
     output_dir: str = "runs/medusa"
@@ -203,6 +216,8 @@ class TrainSection:
     eval_every: int = 0  # 0: only at the end
     save_every: int = 100
     keep_checkpoints: int = 2  # 0: keep all
+    accept_positions: int = 1024  # held-out answer tokens whose chains the evaluation rolls out (0: no rollout)
+    best_by: str | None = None  # tau_t0 | tau_t1 | estimated_tau: also keep the best evaluation's heads in heads-best/
 
     def validate(self):
         if not self.output_dir.strip():
@@ -225,5 +240,13 @@ class TrainSection:
             raise ValueError(f"train.seed must be in [0, 2**32), got {self.seed}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.accept_positions < 0:
+            raise ValueError(f"train.accept_positions must be >= 0 (0: no rollout acceptance), got {self.accept_positions}")
+        if self.best_by is not None and self.best_by not in BEST_BY:
+            raise ValueError(f"train.best_by must be one of {', '.join(BEST_BY)} (null: keep the last "
+                             f"heads only), got {self.best_by!r}")
+        if self.best_by in ("tau_t0", "tau_t1") and not self.accept_positions:
+            raise ValueError(f"train.best_by: {self.best_by} is measured by the rollout acceptance, which "
+                             "train.accept_positions: 0 turns off")
         if self.adam_betas is not None and (len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas)):
             raise ValueError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")

@@ -26,9 +26,11 @@ from transformers import DynamicCache
 from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.features import FeatureSource, feature_cache_dir
-from specheads.train.losses import mix_greedy_target, soft_cross_entropy, unrolled_step_mask
+from specheads.train.acceptance import (acceptance_result, along_chain, capped_examples, chain_starts,
+                                        chunked_chain_counts)
+from specheads.train.losses import mix_greedy_target, soft_cross_entropy, total_variation, unrolled_step_mask
 from specheads.train.cli import train_main
-from specheads.train.config import DataSection, ModelSection, TrainSection, check_finite
+from specheads.train.config import DataSection, ModelSection, TrainSection, check_draft_loss, check_finite
 from specheads.train.data_order import heldout_batches
 from specheads.train.schedule import stages
 from specheads.train.task import DraftTask
@@ -51,8 +53,11 @@ class EagleSection:
     init_draft: str | None = None  # start from this saved draft (weights and vocabulary mapping), e.g. more epochs or data
     layer: str | None = None  # llama (no attention bias: what engines load; eagle3's default) | base (eagle1's)
     fc_bias: bool = False  # eagle1: EAGLE's original fc bias (SGLang loads it; vLLM cannot)
+    loss: str = "ce"  # ce | tv | ce+tv: the token loss per step: soft-CE, total variation to the base (1 − T=1 acceptance), or soft-CE + tv_weight·TV
+    tv_weight: float = 1.0  # the TV term's weight in ce+tv
 
     def validate(self):
+        check_draft_loss("eagle", self.loss, self.tv_weight)
         if self.variant not in ("eagle1", "eagle3"):
             raise ValueError(f"eagle.variant must be eagle1 or eagle3, got {self.variant!r}")
         if self.ttt_steps < 1 or self.eval_steps < 1:
@@ -75,7 +80,7 @@ class EagleTrainConfig:
     schedule: list[dict] = field(default_factory=list)  # stages (train/schedule.py); empty: one run of this config
     # what a stage may set besides data.* and the train keys of schedule.STAGE_TRAIN_KEYS
     stage_keys: ClassVar[dict] = {"eagle": ("greedy_target_weight", "token_loss_weight", "feature_loss_weight",
-                                            "input_noise", "ttt_steps", "eval_steps")}
+                                            "input_noise", "ttt_steps", "eval_steps", "loss", "tv_weight")}
 
     def validate(self):
         stages(self)
@@ -112,6 +117,51 @@ def unrolled_draft(draft: EagleDraft, base, batch, inputs, last, steps: int, noi
         features = F.pad(out[:, :-1], (0, 0, 1, 0))  # step i+1 at t reads step i's output at t−1
     keep = torch.stack(valid).any(0)  # [B, length]
     return (torch.stack([o[keep] for o in outputs]), last[:, 1:][keep], torch.stack([v[keep] for v in valid]))
+
+
+@torch.no_grad()
+def rollout(draft: EagleDraft, base, batch, inputs, last, steps: int) -> list[torch.Tensor]:
+    """The draft rolled out `steps` steps from every position at once, as the chain decoder drafts: step 1 at t
+    reads the base's feature at t and the true token x_{t+1}; step i+1 reads step i's output feature AND the token
+    step i proposed (its argmax, mapped to the base vocabulary), never the base's features or the answer's
+    tokens (unrolled_draft's training-time test feeds the true tokens). -> each step's outputs [B, T-1, H]; step
+    i's output at t + i - 1 is the draft's i-th proposal from t."""
+    length = batch["input_ids"].shape[1] - 1
+    embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
+    embeddings = embed(batch["input_ids"][:, 1:])
+    unwrapped = getattr(draft, "module", draft)  # DDP / DeepSpeed wrap the draft
+    selected = [last[:, :length]] if unwrapped.config.variant == "eagle1" else list(inputs[:, :, :length])
+    features = unwrapped.fuse(selected)
+    positions = torch.arange(length, device=embeddings.device)[None].expand(embeddings.shape[0], -1)
+    cache, outputs = DynamicCache(), []
+    for step in range(steps):
+        mask = unrolled_step_mask(length, step, torch.float32, embeddings.device)[None, None]
+        out = draft(features, embeddings, positions, mask, cache)
+        outputs.append(out)
+        flat = out.reshape(-1, out.shape[-1])  # the argmax a slice at a time: EAGLE-1 projects to the whole vocabulary
+        proposed = torch.cat([unwrapped.logits(flat[i:i + 4096], lm_head).argmax(-1)
+                              for i in range(0, flat.shape[0], 4096)]).view(out.shape[:2])
+        proposed = unwrapped.draft_to_target(proposed)  # x_{t+2}, proposed from t
+        embeddings = embed(F.pad(proposed[:, :-1], (1, 0)))  # step i+1 at t reads the token step i proposed at t−1
+        features = F.pad(out[:, :-1], (0, 0, 1, 0))
+    return outputs
+
+
+@torch.no_grad()
+def rollout_counts(draft, base, batch, inputs, last, steps: int) -> torch.Tensor:
+    """Chain acceptance of the draft's own rollouts from every held-out answer position (train/acceptance)."""
+    unwrapped = getattr(draft, "module", draft)
+    lm_head = base.get_output_embeddings()
+    outputs = rollout(draft, base, batch, inputs, last, steps)
+    starts = chain_starts(batch["labels"], steps)
+    drafted = torch.stack([along_chain(out, starts[:, :-1], i) for i, out in enumerate(outputs)])
+    base_states = torch.stack([along_chain(last, starts, i + 1) for i in range(steps)])
+    vocab = unwrapped.config.draft_vocab_size
+    draft_ids = unwrapped.draft_to_target(torch.arange(vocab, device=last.device)) \
+        if unwrapped.config.variant == "eagle3" else None
+    return chunked_chain_counts(steps, drafted.shape[1], lambda lo, hi: (unwrapped.logits(drafted[:, lo:hi], lm_head),
+                                                                         lm_head(base_states[:, lo:hi])),
+                                draft_ids, last.device)
 
 
 @torch.no_grad()
@@ -181,7 +231,7 @@ class EagleTask(DraftTask):
         for step in range(steps):
             rows = valid[step]
             logits = draft.logits(outputs[step][rows], base.get_output_embeddings())
-            loss = e.token_loss_weight * soft_cross_entropy(logits, probs[rows]).mean()
+            loss = e.token_loss_weight * self._token_loss(logits, probs[rows])
             if e.feature_loss_weight:
                 loss = loss + e.feature_loss_weight * F.smooth_l1_loss(outputs[step][rows].float(),
                                                                        target_features[rows].float())
@@ -192,6 +242,13 @@ class EagleTask(DraftTask):
                 hits.append(torch.stack([match[:, :1].any(-1).sum(), match.any(-1).sum()]).double()
                             .tolist() + [float(rows.sum())])
         return torch.stack(per_step), torch.tensor(hits, dtype=torch.float64)
+
+    def _token_loss(self, logits, target_probs):
+        e = self.cfg.eagle
+        if e.loss == "ce":
+            return soft_cross_entropy(logits, target_probs).mean()
+        tv = total_variation(logits, target_probs).mean()
+        return tv if e.loss == "tv" else soft_cross_entropy(logits, target_probs).mean() + e.tv_weight * tv
 
     def loss(self, draft, base, batch, indices, step):
         inputs, last = self._features(base, "train")(batch, indices)
@@ -211,8 +268,17 @@ class EagleTask(DraftTask):
             with accelerator.autocast():
                 _, hits = self._losses(draft, base, batch, inputs, last, steps, 0.0)
             counts += hits.to(counts.device)
+        result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
+        if self.cfg.train.accept_positions:
+            accept = torch.zeros(2 * steps + 1, dtype=torch.float64, device=accelerator.device)
+            for indices, batch in heldout_batches(capped_examples(examples, self.cfg.train.accept_positions),
+                                                  pad_token_id, batch_size, accelerator):
+                inputs, last = source(batch, indices)
+                with accelerator.autocast():
+                    accept += rollout_counts(draft, base, batch, inputs, last, steps)
+            result.update(acceptance_result(accelerator.reduce(accept, reduction="sum"), steps))
         draft.train()
-        return accuracy_result(accelerator.reduce(counts, reduction="sum"))
+        return result
 
     format_result = staticmethod(format_accuracy)
     eval_logs = staticmethod(accuracy_logs)

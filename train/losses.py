@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from specheads.data.tokenization import IGNORE_INDEX
 from specheads.inference.tree import additive_mask
+from specheads.train.acceptance import overlap
 
 
 def shifted_targets(labels: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -157,3 +158,13 @@ def unrolled_step_mask(length: int, step: int, dtype=torch.float32, device=None)
     for j in range(1, step + 1):
         allowed.append(t[None, :] == (t[:, None] - step + j))
     return additive_mask(torch.cat(allowed, dim=1), dtype)
+
+
+# ---- acceptance-aligned ----------------------------------------------------------------------
+
+def total_variation(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """Per-row 1 − Σ_x min(q(x), p(x)), q = softmax(logits): the probability that lossless speculative sampling
+    rejects the draft's token when the base samples from p (train/acceptance.overlap), i.e. the total-variation
+    distance TV(p, q). target_probs may hold part of p only (a draft vocabulary's columns): the rest of p's mass
+    is a constant the draft cannot reach."""
+    return 1 - overlap(torch.softmax(logits.float(), dim=-1), target_probs.float())

@@ -25,10 +25,13 @@ from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.heads.joint import MedusaWithLoRA, lora_config
 from specheads.train.features import FeatureSource, feature_cache_dir
-from specheads.train.losses import (chunked_medusa_loss, estimated_tau, head_positions, heads_weight_at, medusa2_loss, medusa_loss,
-                                    next_token_positions, select_trained_positions, topk_hits)
+from specheads.train.losses import (chunked_medusa_loss, estimated_tau, head_positions, heads_weight_at, medusa2_loss,
+                                    medusa_loss, next_token_positions, select_trained_positions, topk_hits,
+                                    total_variation)
 from specheads.train.cli import train_main
-from specheads.train.config import DataSection, ModelSection, TrainSection
+from specheads.train.acceptance import (acceptance_logs, acceptance_result, along_chain, capped_examples,
+                                        chain_starts, chunked_chain_counts, format_acceptance)
+from specheads.train.config import DataSection, ModelSection, TrainSection, check_draft_loss
 from specheads.train.data_order import heldout_batches
 from specheads.train.schedule import stages
 from specheads.train.task import DraftTask
@@ -43,8 +46,11 @@ class HeadsSection:
     loss_chunk: int = 0  # positions per chunk of the heads' loss (K × chunk × V logits at once); 0: all at once
     cache_hidden_states: bool = False  # medusa1: store the frozen base's states once, later epochs skip its forward
     cache_dir: str = ""  # default: <specheads cache>/features
+    loss: str = "ce"  # ce | tv | ce+tv: per head, CE on the label, TV to the base's softmax (1 − T=1 acceptance), or CE + tv_weight·TV
+    tv_weight: float = 1.0  # the TV term's weight in ce+tv
 
     def validate(self):
+        check_draft_loss("heads", self.loss, self.tv_weight)
         if self.num_heads < 1:
             raise ValueError(f"heads.num_heads must be >= 1, got {self.num_heads}")
         if self.num_layers < 0:
@@ -110,6 +116,9 @@ class MedusaTrainConfig:
             raise ValueError("heads.cache_hidden_states needs a frozen base (mode medusa1): LoRA changes the states")
         if self.mode == "medusa2" and self.heads.draft_vocab_size:
             raise ValueError("heads.draft_vocab_size is supported in mode medusa1 only")
+        if self.heads.loss != "ce" and (self.mode == "medusa2" or self.heads.loss_chunk):
+            raise ValueError(f"heads.loss: {self.heads.loss} is supported in mode medusa1 without heads.loss_chunk "
+                             "only (use ce)")
 
 
 def base_hidden_states(base, batch):
@@ -124,6 +133,8 @@ def format_accuracy(result: dict) -> str:
     for k, (t1, t5, n) in enumerate(zip(result["top1"], result["top5"], result["tokens"]), 1):
         lines.append(f"{k:>4}  {t1:.3f}   {t5:.3f}   {int(n)}")
     lines.append(f"estimated chain tau (1 + sum of prod top-1): {result['estimated_tau']:.3f}")
+    if "accept_t0" in result:
+        lines.append(format_acceptance(result))
     return "\n".join(lines)
 
 
@@ -132,6 +143,8 @@ def accuracy_logs(result: dict) -> dict:
     for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"]), 1):
         logs[f"eval/top1_head{k}"] = t1
         logs[f"eval/top5_head{k}"] = t5
+    if "accept_t0" in result:
+        logs.update(acceptance_logs(result))
     return logs
 
 
@@ -140,6 +153,40 @@ def accuracy_result(counts: torch.Tensor) -> dict:
     top1 = (counts[:, 0] / counts[:, 2].clamp(min=1)).tolist()
     top5 = (counts[:, 1] / counts[:, 2].clamp(min=1)).tolist()
     return {"top1": top1, "top5": top5, "tokens": counts[:, 2].tolist(), "estimated_tau": estimated_tau(top1)}
+
+
+@torch.no_grad()
+def base_distributions(states: torch.Tensor, labels: torch.Tensor, lm_head, draft_ids: torch.Tensor | None,
+                       chunk: int = 1024) -> torch.Tensor:
+    """The base's softmax [B, T, V] (only the draft vocabulary's columns when draft_ids is given) at the positions
+    whose next token is an assistant label, zeros elsewhere: computed once per position, shared by every head that
+    drafts for it (a slice of positions at a time: the whole-vocabulary logits are the large part)."""
+    where, _ = next_token_positions(labels)
+    rows = states[where]
+    probs = []
+    for lo in range(0, rows.shape[0], chunk):
+        p = torch.softmax(lm_head(rows[lo:lo + chunk]).float(), -1)
+        probs.append(p if draft_ids is None else p[:, draft_ids])
+    width = lm_head.weight.shape[0] if draft_ids is None else draft_ids.numel()
+    out = torch.zeros((*labels.shape, width), dtype=torch.float32, device=states.device)
+    if probs:
+        out[where] = torch.cat(probs)
+    return out
+
+
+@torch.no_grad()
+def rollout_counts(heads, unwrapped: MedusaHeads, states: torch.Tensor, labels: torch.Tensor, lm_head) -> torch.Tensor:
+    """Chain acceptance of the heads on these held-out answers (train/acceptance.chain_counts): from each answer
+    position t, head k reads the base's state at t and proposes x_{t+k+1}, as the chain decoder's drafts do;
+    the base's logits there come from its state at t+k."""
+    k = unwrapped.config.num_heads
+    starts = chain_starts(labels, k)
+    hidden = states[starts]
+    base_states = torch.stack([along_chain(states, starts, i + 1) for i in range(k)])
+    draft_ids = unwrapped.draft_ids if unwrapped.config.draft_vocab_size else None
+    return chunked_chain_counts(k, hidden.shape[0], lambda lo, hi: (heads(hidden[lo:hi], lm_head),
+                                                                     lm_head(base_states[:, lo:hi])),
+                                draft_ids, states.device)
 
 
 class MedusaTask(DraftTask):
@@ -176,15 +223,37 @@ class MedusaTask(DraftTask):
         return self.sources[split](batch, indices)[1]
 
     def loss(self, heads, base, batch, indices, step):
-        hidden, targets = select_trained_positions(self.hidden_states(base, batch, indices, "train"), batch["labels"],
-                                                   self.cfg.heads.num_heads)
+        states = self.hidden_states(base, batch, indices, "train")
+        hidden, targets = select_trained_positions(states, batch["labels"], self.cfg.heads.num_heads)
         lm_head, decay, chunk = base.get_output_embeddings(), self.cfg.train.head_loss_decay, self.cfg.heads.loss_chunk
         unwrapped = getattr(heads, "module", heads)  # DDP / DeepSpeed wrap the heads
         targets = unwrapped.token_to_draft(targets, missing=IGNORE_INDEX)  # no loss where the draft cannot hit
         if chunk:
             return chunked_medusa_loss(heads(hidden, lm_head, project=False),
                                        lambda x: unwrapped.project(x, lm_head), targets, decay, chunk)
-        return medusa_loss(heads(hidden, lm_head), targets, decay)
+        logits = heads(hidden, lm_head)
+        if self.cfg.heads.loss == "ce":
+            return medusa_loss(logits, targets, decay)
+        return self._acceptance_loss(unwrapped, logits, targets, states, batch["labels"], lm_head, decay)
+
+    def _acceptance_loss(self, heads, logits, targets, states, labels, lm_head, decay):
+        """heads.loss tv / ce+tv: per head the total-variation distance between its softmax and the base's at the
+        place it drafts for (head k at t: the base's distribution of x_{t+k+1}, from its state at t+k), over the
+        positions with an assistant target, plus (ce+tv) the label cross-entropy."""
+        h = self.cfg.heads
+        keep, labelled = head_positions(labels, h.num_heads)
+        base_probs = base_distributions(states, labels, lm_head, heads.draft_ids if heads.config.draft_vocab_size
+                                        else None)
+        tv = []
+        for k in range(h.num_heads):
+            rows = labelled[k] != IGNORE_INDEX
+            target = along_chain(base_probs, keep, k + 1)[rows]
+            tv.append(total_variation(logits[k][rows], target).mean() if rows.any() else logits.sum() * 0)
+        per_head = torch.stack(tv)
+        if h.loss == "ce+tv":
+            per_head = medusa_loss(logits, targets, decay)[1] + h.tv_weight * per_head
+        weights = decay ** torch.arange(1, h.num_heads + 1, dtype=per_head.dtype, device=per_head.device)
+        return (weights * per_head).sum(), per_head
 
     @torch.no_grad()
     def evaluate(self, heads, base, examples, pad_token_id, batch_size, accelerator) -> dict:
@@ -198,8 +267,16 @@ class MedusaTask(DraftTask):
                                                        batch["labels"], num_heads)
             targets = unwrapped.token_to_draft(targets, missing=-1)  # outside the draft vocabulary: a miss
             counts += topk_hits(heads(hidden, base.get_output_embeddings()), targets).to(counts.device)
+        result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
+        if self.cfg.train.accept_positions:
+            accept = torch.zeros(2 * num_heads + 1, dtype=torch.float64, device=accelerator.device)
+            for indices, batch in heldout_batches(capped_examples(examples, self.cfg.train.accept_positions),
+                                                  pad_token_id, batch_size, accelerator):
+                states = self.hidden_states(base, batch, indices, "heldout")
+                accept += rollout_counts(heads, unwrapped, states, batch["labels"], base.get_output_embeddings())
+            result.update(acceptance_result(accelerator.reduce(accept, reduction="sum"), num_heads))
         heads.train()
-        return accuracy_result(accelerator.reduce(counts, reduction="sum"))
+        return result
 
     format_result = staticmethod(format_accuracy)
     eval_logs = staticmethod(accuracy_logs)
@@ -265,8 +342,16 @@ class Medusa2Task(MedusaTask):
                 hidden, targets = select_trained_positions(hidden, batch["labels"], num_heads)
                 counts += topk_hits(model.heads(hidden, lm_head), targets).to(counts.device)
             lm[2] += lm_targets.numel()
-        model.train()
         result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
+        if self.cfg.train.accept_positions:  # the heads on the adapted base, which is what decodes with them
+            accept = torch.zeros(2 * num_heads + 1, dtype=torch.float64, device=accelerator.device)
+            for _, batch in heldout_batches(capped_examples(examples, self.cfg.train.accept_positions),
+                                            pad_token_id, batch_size, accelerator):
+                with accelerator.autocast():
+                    states = model.hidden_states(batch["input_ids"], batch["attention_mask"], adapter=True)
+                    accept += rollout_counts(model.heads, model.heads, states, batch["labels"], lm_head)
+            result.update(acceptance_result(accelerator.reduce(accept, reduction="sum"), num_heads))
+        model.train()
         before, after, tokens = accelerator.reduce(lm, reduction="sum").tolist()
         result.update(lm_loss_before=before / max(tokens, 1), lm_loss_after=after / max(tokens, 1))
         return result

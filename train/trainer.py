@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -54,6 +56,7 @@ class Trainer:
         self.module = self.optimizer = self.data = None
         self.stage_start = 0  # updates of the stages before this one (checkpoints are numbered by run-wide update)
         self.run_seconds, self.run_samples, self.run_tokens = 0.0, 0, 0
+        self.best = None  # train.best_by: {"by", "value", "step"} of the evaluation whose heads are in heads-best/
 
     def run(self) -> dict:
         """Train per the config (sections model, data, train, the task's own, schedule); return the evaluation."""
@@ -94,6 +97,8 @@ class Trainer:
         self.latest, self.saved_state, self.first_stage = None, {}, 0
         if not self.resuming:
             return
+        if self.main:
+            recover_best_folder(self.out)
 
         def warn(line):
             if self.main:
@@ -110,6 +115,7 @@ class Trainer:
                        accelerator.num_processes)
         self.first_stage = self.saved_state.get("stage", 0)
         self.stage_start = self.saved_state.get("stage_start_step", 0)
+        self.best = self.saved_state.get("best")
 
     def setup(self) -> None:
         """What every stage shares: the seeded generators, the tokenizer, the frozen base and its fingerprint."""
@@ -286,7 +292,26 @@ class Trainer:
         result = self.task.evaluate(self.module, self.base, self.heldout_examples, self.tokenizer.pad_token_id,
                                     self.stage.cfg.train.batch_size, self.accelerator)
         self.accelerator.log(self.task.eval_logs(result), step=self.global_step)
+        self.keep_best(result)
         return result
+
+    def keep_best(self, result: dict) -> None:
+        """train.best_by: when this evaluation beats the best so far, its heads replace heads-best/ (written
+        aside, then swapped in by renames; recover_best_folder finishes a swap a crash interrupted)."""
+        by = self.cfg.train.best_by
+        if by is None or (self.best is not None and not result[by] > self.best["value"]):
+            return
+        self.best = {"by": by, "value": result[by], "step": self.global_step}
+        full_state = gathered_state_dict(self.accelerator, self.module)
+        if self.main:
+            final, fresh, old = best_folders(self.out)
+            shutil.rmtree(fresh, ignore_errors=True)
+            extra = {**self.task.final_extra(result), FINGERPRINT: self.fingerprint, "best": self.best}
+            self.accelerator.unwrap_model(self.module).save_pretrained(fresh, extra=extra, state_dict=full_state)
+            if final.exists():
+                os.replace(final, old)
+            os.replace(fresh, final)
+            shutil.rmtree(old, ignore_errors=True)
 
     def save(self, micro_done: int) -> None:
         """An atomic checkpoint: weights, optimizer, RNG, schedule, data position (and stage)."""
@@ -296,6 +321,8 @@ class Trainer:
             trainer_state = {"step": self.updates, "micro_batches_done": micro_done,
                              "processes": accelerator.num_processes, "scheduler": self.scheduler.state_dict(),
                              "config": config_to_dict(self.cfg)}
+            if self.best is not None:
+                trainer_state["best"] = self.best
             if self.scheduled:
                 trainer_state.update(stage=self.stage.index, stage_name=self.stage.name,
                                      stage_start_step=self.stage_start)
@@ -335,6 +362,8 @@ class Trainer:
                                     "tokens_per_s": self.run_tokens / self.run_seconds, "seconds": self.run_seconds,
                                     "samples": self.run_samples, "processes": accelerator.num_processes}
         result["rank_checksums"] = rank_checksums(accelerator, self.module)
+        if self.best is not None:
+            result["best"] = {**self.best, "heads": "heads-best"}
         self.save_heads(self.out, result)
         if self.main:
             print(f"held-out accuracy of the {task.name} draft (assistant tokens):")
@@ -348,6 +377,21 @@ class Trainer:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()  # else a second rank can abort at interpreter exit
         return result
+
+
+def best_folders(out: Path) -> tuple[Path, Path, Path]:
+    """heads-best/, the new copy being written, the copy being replaced."""
+    return out / "heads-best", out / ".heads-best.new", out / ".heads-best.old"
+
+
+def recover_best_folder(out: Path) -> None:
+    """A crash between heads-best's two renames leaves the last complete copy as .heads-best.old: put it back;
+    a half-written new copy is dropped."""
+    final, fresh, old = best_folders(out)
+    if not final.exists() and old.exists():
+        os.replace(old, final)
+    shutil.rmtree(fresh, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def run_training(cfg, make_task, resume: bool = False, trainer_class=Trainer) -> dict:
