@@ -299,6 +299,9 @@ class Trainer:
         """train.best_by: when this evaluation beats the best so far, its heads replace heads-best/ (written
         aside, then swapped in by renames; recover_best_folder finishes a swap a crash interrupted)."""
         by = self.cfg.train.best_by
+        if by is not None and by not in result:
+            raise SystemExit(f"train.best_by: the {self.task.name} evaluation does not measure {by} (it gives "
+                             f"{', '.join(k for k, v in result.items() if isinstance(v, float))})")
         if by is None or (self.best is not None and not result[by] > self.best["value"]):
             return
         self.best = {"by": by, "value": result[by], "step": self.global_step}
