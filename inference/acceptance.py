@@ -7,8 +7,9 @@ root-to-node path, root included) plus the bonus token drawn from the last accep
 - greedy:   a node is accepted when its token is the argmax after its parent (lossless at T=0);
             lazy_greedy_accept gets the same answer computing the lm_head on one path instead of every node.
 - typical:  Medusa's typical acceptance, p(x) > min(ε, δ·exp(−H(p))); fast, not lossless.
-- lossless: SpecInfer/EAGLE-style recursive rejection over deterministic (top-k) children:
-            the output distribution equals the base model's sampling distribution.
+- lossless: SpecInfer/EAGLE-style recursive rejection over deterministic (top-k) children, or over children
+            sampled from the draft without replacement: the output distribution equals the base model's
+            sampling distribution.
 - speculative: Leviathan et al.'s min(1, p/q) rule for a chain sampled from a draft distribution q.
 """
 
@@ -98,28 +99,48 @@ def children_lists(buffers: TreeBuffers) -> list[list[int]]:
 
 
 def lossless_accept(tokens: torch.Tensor, probs: torch.Tensor, children: list[list[int]],
-                    generator: torch.Generator | None = None):
+                    generator: torch.Generator | None = None, proposals: dict | None = None):
     """Recursive rejection sampling down the tree; returns (accepted node indices, bonus token).
 
-    At a node with target distribution p, each child proposes its token x deterministically
-    (q is a point mass), so it is accepted with probability p(x); on rejection p(x) is set to 0
-    and p renormalised before the next child. If every child fails, the bonus is drawn from
-    what is left of p. The tokens produced are distributed exactly as sampling from p.
+    At a node with target distribution p, its children are tried in order. By default each child proposes its
+    token x deterministically (q is a point mass, e.g. a top-k child), so it is accepted with probability p(x);
+    on rejection p(x) is set to 0 and p renormalised before the next child.
+
+    proposals: {node: q [V]} for nodes whose children were *sampled* from the draft's distribution q, without
+    replacement, in the order of `children` (SampledEagleCandidates). A child x is then accepted with
+    probability min(1, p(x)/q(x)); on rejection p becomes norm(max(0, p - q)) and q loses x (renormalised):
+    recursive rejection sampling without replacement (Jeon et al. 2024; SpecInfer's multi-round rule with
+    replacement). The point-mass rule is its special case q = onehot(x).
+    If every child fails, the bonus is drawn from what is left of p. The tokens produced are distributed
+    exactly as sampling from p.
     """
     tokens_list = tokens.tolist()
+    proposals = proposals or {}
     node, accepted = 0, [0]
     while True:
         p = probs[node].double().clone()
+        q = proposals.get(node)
+        q = None if q is None else q.to(p.device).double().clone()
         moved = False
         for child in children[node]:
             token = tokens_list[child]
-            total = p.sum()
             u = torch.rand((), generator=generator, dtype=torch.float64, device=p.device)
-            if u * total < p[token]:
+            if q is None:
+                if u * p.sum() < p[token]:
+                    node, moved = child, True
+                    accepted.append(child)
+                    break
+                p[token] = 0.0
+                continue
+            p = p / p.sum()
+            if u * q[token] < p[token]:  # u < p(x)/q(x) without dividing
                 node, moved = child, True
                 accepted.append(child)
                 break
-            p[token] = 0.0
+            residual = (p - q).clamp(min=0)
+            p = residual if residual.sum() > 0 else p  # p == q never rejects; guard rounding only
+            q[token] = 0.0
+            q = q / q.sum() if q.sum() > 0 else q
         if not moved:
             bonus = int(torch.multinomial(p / p.sum(), 1, generator=generator))
             return torch.tensor(accepted, device=tokens.device), bonus

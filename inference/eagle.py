@@ -28,6 +28,7 @@ import math
 import torch
 from transformers import DynamicCache
 
+from .acceptance import lossless_accept
 from .source import CandidateSource
 from .tree import additive_mask, buffers_from_parents
 
@@ -75,6 +76,7 @@ class EagleCandidates(CandidateSource):
         self.lm_head = model.get_output_embeddings()
         self.feature_layers = tuple(draft.config.feature_layers)  # the decoder hands us these hidden states
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
+        self.width = top_k  # frontier nodes expanded per level
         self.min_score = math.log(min_prob) if min_prob > 0 else -math.inf  # on cumulative log-probabilities
         self.device, self.dtype = model.device, model.dtype
         self.begin()
@@ -121,6 +123,15 @@ class EagleCandidates(CandidateSource):
         top = logits.topk(self.top_k, dim=-1)  # log_softmax keeps the order: normalise the k winners only
         return top.values - logits.logsumexp(dim=-1, keepdim=True), self.draft.draft_to_target(top.indices)
 
+    def _children(self, outputs: torch.Tensor, nodes: list[int]):
+        """Each of `nodes`' children (draft outputs [n, H], one row per node) -> ([n, k] log-probabilities,
+        [n, k] target token ids): the draft's top-k."""
+        return self._top_children(outputs)
+
+    def _keep(self, scores: list[float], depths: list[int], parents: list[int]) -> list[int]:
+        """The nodes verified (root first, parents before children): the best total_tokens - 1 of the pool."""
+        return select_tree_nodes(scores, depths, parents, self.total_tokens - 1, self.min_score)
+
     @torch.inference_mode()
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         if self.last_output is None:
@@ -128,12 +139,13 @@ class EagleCandidates(CandidateSource):
         self._drop_tree_entries()
         tokens, parents, scores, depths = [root], [-1], [0.0], [0]
         slots = {0: []}  # node -> the draft-cache entries of its ancestors and itself (nodes the draft has run on)
-        logp, ids = self._top_children(self.last_output[None])
+        logp, ids = self._children(self.last_output[None], [0])
         frontier = [1 + i for i, lp in enumerate(logp[0].tolist()) if lp >= self.min_score]  # sorted descending
         tokens += ids[0].tolist()
         scores += logp[0].tolist()
         parents += [0] * self.top_k
         depths += [1] * self.top_k
+        frontier = sorted(frontier, key=lambda node: -scores[node])[: self.width]  # top-k children come sorted
         frontier_inputs = self.last_output.expand(len(frontier), -1)
         for level in range(1, self.depth):
             if not frontier:  # every open node is below min_prob: deeper ones would be too
@@ -150,7 +162,7 @@ class EagleCandidates(CandidateSource):
             positions = torch.full((1, len(frontier)), self.committed + level - 1, device=self.device)
             outputs = self.draft(frontier_inputs[None], embeddings, positions,
                                  self._mask(visible), self.cache)[0]
-            logp, ids = self._top_children(outputs)
+            logp, ids = self._children(outputs, frontier)
             # Children of frontier row r are nodes first_child + r*k .. + k-1, in the order of their rows.
             first_child = len(tokens)
             child_scores = (torch.tensor([scores[i] for i in frontier])[:, None] + logp.cpu()).flatten()
@@ -158,12 +170,75 @@ class EagleCandidates(CandidateSource):
             scores += child_scores.tolist()
             parents += [node for node in frontier for _ in range(self.top_k)]
             depths += [level + 1] * child_scores.numel()
-            # The k best children (a stable sort: ties go to the earlier node) above min_prob form the next frontier.
+            # The `width` best children (a stable sort: ties go to the earlier node) above min_prob form the next
+            # frontier.
             order = torch.sort(child_scores, descending=True, stable=True)
-            best = order.indices[: self.top_k][order.values[: self.top_k] >= self.min_score]
+            best = order.indices[: self.width][order.values[: self.width] >= self.min_score]
             frontier = (first_child + best).tolist()
             frontier_inputs = outputs[best // self.top_k]
-        chosen = select_tree_nodes(scores, depths, parents, self.total_tokens - 1, self.min_score)
+        chosen = self._keep(scores, depths, parents)
         new_index = {node: i for i, node in enumerate(chosen)}
         buffers = buffers_from_parents([-1] + [new_index[parents[node]] for node in chosen[1:]])
         return torch.tensor([tokens[node] for node in chosen], device=self.device), buffers.to(self.device)
+
+
+class SampledEagleCandidates(EagleCandidates):
+    """An EAGLE draft whose tree children are *sampled* from its distribution at T > 0, for lossless sampling
+    that accepts more than top-k children do.
+
+    A top-k child x is accepted with probability p(x) (a point mass proposes it); a child drawn from the draft's
+    q is accepted with probability min(1, p(x)/q(x)), so where the base's distribution is spread and the draft
+    follows it, sampling keeps far more (p = q accepts always, where the top-1 child gets p's largest mass).
+    Each expanded node gets `top_k` children drawn without replacement (Gumbel-top-k on log q, the decoder's
+    random generator) and remembers q; `lossless_accept` runs recursive rejection sampling without
+    replacement over them (acceptance.lossless_accept with proposals). For that rule to stay exact, which
+    children a node has must not depend on the children's own tokens, so nothing is pruned after sampling: the
+    tree is `top_k` children per expanded node, the `width` best nodes (cumulative log q) expanded per level,
+    `depth` levels (top_k + (depth - 1) * width * top_k nodes). Which nodes get expanded may depend on their
+    own tokens: an accepted node's next token comes from p whether its children are tried or not.
+    At T = 0 the children are the draft's top-k (no noise) and the greedy rule verifies them.
+    """
+
+    own_acceptance = True
+
+    def __init__(self, draft, model, top_k: int = 2, width: int = 2, depth: int = 5):
+        if width < 1:
+            raise ValueError(f"sampled EAGLE tree width must be >= 1, got {width}")
+        super().__init__(draft, model, top_k=top_k, depth=depth, total_tokens=top_k + (depth - 1) * width * top_k + 1)
+        self.width = width
+        self.target_ids = self.draft.draft_to_target(torch.arange(self.draft.config.draft_vocab_size
+                                                                  or self.draft.config.vocab_size, device=self.device))
+
+    def begin(self, sampling=None, warpers=None, generator=None) -> None:
+        super().begin()
+        self.temperature = sampling.temperature if sampling is not None else 0.0
+        self.generator = generator
+        self.proposals: dict[int, torch.Tensor] = {}  # pool node -> the draft's q its children were drawn from
+
+    def _children(self, outputs: torch.Tensor, nodes: list[int]):
+        if self.temperature <= 0:
+            return self._top_children(outputs)
+        logits = self.draft.logits(outputs, self.lm_head).float()
+        logq = torch.log_softmax(logits / self.temperature, dim=-1)
+        uniform = torch.rand(logq.shape, generator=self.generator, dtype=torch.float64).clamp(min=1e-300)
+        keys = logq.cpu().double() - torch.log(-torch.log(uniform))  # Gumbel-top-k: k draws without replacement
+        picks = keys.topk(self.top_k, dim=-1).indices.to(logq.device)  # in the order they were drawn
+        for row, node in enumerate(nodes):
+            self.proposals[node] = logq[row].exp()
+        return logq.gather(-1, picks), self.draft.draft_to_target(picks)
+
+    def _keep(self, scores, depths, parents) -> list[int]:
+        return list(range(len(scores)))  # nothing pruned: pruning by the children's own q would bias them
+
+    def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
+        self.proposals = {}
+        return super().propose(root, hidden, context)
+
+    def lossless_accept(self, tokens, probs, children, generator=None):
+        vocab = probs.shape[-1]
+        proposals = {}
+        for node, q in self.proposals.items():
+            full = torch.zeros(vocab, dtype=torch.float64, device=probs.device)
+            full.index_add_(0, self.target_ids.to(probs.device), q.double().to(probs.device))
+            proposals[node] = full
+        return lossless_accept(tokens, probs, children, generator, proposals)

@@ -262,6 +262,55 @@ def test_lossless_accept_reproduces_the_distribution_on_hand_made_tree():
     assert chi_square_p_value(counts, probs[0], n) > 1e-3
 
 
+def test_lossless_accept_with_sampled_children_reproduces_the_distribution():
+    """Children drawn from a draft q without replacement (Gumbel-top-k, fresh every trial) and verified by
+    recursive rejection sampling: the first two tokens (the second from the base after the step when the step
+    made one) follow the target's joint exactly, with q unlike p and missing some of p's support."""
+    vocab = 6
+    torch.manual_seed(1)
+    p_root = torch.softmax(torch.randn(vocab) * 1.2, -1).double()
+    p_after = torch.softmax(torch.randn(vocab, vocab) * 1.2, -1).double()  # p(second | first)
+    q_root = torch.softmax(torch.randn(vocab) * 2.0, -1).double()
+    q_root[5] = 0.0  # the draft never proposes token 5: only the residual can produce it
+    q_root /= q_root.sum()
+    q_after = torch.softmax(torch.randn(vocab, vocab) * 2.0, -1).double()
+    generator = torch.Generator().manual_seed(0)
+
+    def draw(q, k):
+        keys = q.log() - torch.log(-torch.log(torch.rand(vocab, generator=generator, dtype=torch.float64)))
+        return keys.topk(k).indices.tolist()
+
+    # root -> 3 sampled children; the first -> 2 sampled grandchildren (node order: 0, 1..3, 4..5)
+    parents = [-1, 0, 0, 0, 1, 1]
+    children = [[1, 2, 3], [4, 5], [], [], [], []]
+    n = 20000
+    counts = torch.zeros(vocab * vocab)
+    accepted_children = 0
+    for _ in range(n):
+        first = draw(q_root, 3)
+        second = draw(q_after[first[0]], 2)
+        tokens = torch.tensor([0] + first + second)
+        probs = torch.stack([p_root, p_after[first[0]], p_after[first[1]], p_after[first[2]],
+                             torch.full((vocab,), 1.0 / vocab, dtype=torch.float64),
+                             torch.full((vocab,), 1.0 / vocab, dtype=torch.float64)])
+        accepted, bonus = lossless_accept(tokens, probs, children, generator,
+                                          proposals={0: q_root, 1: q_after[first[0]]})
+        assert all(parents[int(b)] == int(a) for a, b in zip(accepted[:-1], accepted[1:]))
+        out = tokens[accepted[1:]].tolist() + [bonus]
+        accepted_children += len(out) > 1
+        if len(out) == 1:
+            out.append(int(torch.multinomial(p_after[out[0]], 1, generator=generator)))
+        counts[out[0] * vocab + out[1]] += 1
+    assert accepted_children > 0.3 * n, "drafts must get accepted for the test to mean anything"
+    joint = (p_root[:, None] * p_after).flatten()
+    assert chi_square_p_value(counts, joint, n) > 1e-3
+    # the rule must depend on q: treating the sampled children as point masses is exact too, so check the
+    # acceptance differs (sampled children from q = p are always accepted, point masses only with p(x))
+    always = lossless_accept(torch.tensor([0, 2]), torch.stack([p_root, p_root]), [[1], []], generator,
+                             proposals={0: p_root})
+    assert always[0].tolist() == [0, 1]
+
+
 def exact_joint_of_two_tokens(model, prompt, sampling) -> torch.Tensor:
     """P(x0, x1 | prompt) of the base under the sampling warpers, [VOCAB, VOCAB]."""
     warpers = sampling.warpers()

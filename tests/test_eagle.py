@@ -319,6 +319,39 @@ def test_eagle_sampling_matches_base_distribution():
     assert chi_square_p_value(counts, expected, n) > 1e-3
 
 
+def test_sampled_eagle_tree_matches_base_distribution_and_is_greedy_at_t0():
+    """eagle*_sampled: children drawn from the draft at T > 0 and verified by rejection sampling without
+    replacement keep the base's joint of the first two tokens; at T = 0 the tree is the draft's top-k and the
+    output is the base's greedy tokens."""
+    from specheads.inference.eagle import SampledEagleCandidates
+
+    model = deep_tiny_model("llama")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0 / 8.0 * 3.0)
+    draft = fitted_draft(model, "eagle1", temperature=0.8, top_p=0.9)
+    source = SampledEagleCandidates(draft, model, top_k=3, width=2, depth=2)
+    decoder = TreeDecoder(model, candidates=source)
+    prompt = torch.tensor([[5, 9, 11, 3]])
+    sampling = SamplingConfig(temperature=0.8, top_p=0.9, seed=0)
+    joint = exact_joint_of_two_tokens(model, prompt, sampling)
+    n = 1200
+    counts, drafted = sample_two_tokens(decoder, prompt, sampling, n)
+    assert drafted > 0.2 * n, "the draft must get accepted for the test to mean anything"
+    assert source.proposals, "the children must have been sampled (their q kept for the acceptance rule)"
+    expected = joint.flatten().double()
+    assert (expected * n >= 5).sum() >= 8, "the distribution must have enough outcomes to test"
+    assert chi_square_p_value(counts, expected, n) > 1e-3
+
+    steps = tokens = 0
+    for case in range(3):
+        torch.manual_seed(500 + case)
+        prompt = torch.randint(3, VOCAB, (1, 6 + 2 * case))
+        assert decoder.generate_ids(prompt, 30, eos_token_ids=[2]) == hf_greedy(model, prompt, 30), case
+        steps += len(decoder.stats.accepted_lengths)
+        tokens += sum(decoder.stats.accepted_lengths)
+    assert tokens > 1.3 * steps, "drafted tokens must get accepted for the test to mean anything"
+
+
 # ---- training ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
