@@ -68,6 +68,12 @@ def test_questions_skip_and_limit(tmp_path):
     assert [q["question_id"] for q in bench.load_questions(path, limit=2)] == ["0", "1"]
     with pytest.raises(ValueError, match="skip-questions 5"):
         bench.load_questions(path, skip=5)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps({"question_id": str(i), "category": "coding" if i % 2 else "qa",
+                                         "turns": ["hi"]}) + "\n" for i in range(6)))
+    assert [q["question_id"] for q in bench.load_questions(mixed, limit=2, categories=["coding"])] == ["1", "3"]
+    with pytest.raises(ValueError, match="no question of category 'math' \\(it has coding, qa\\)"):
+        bench.load_questions(mixed, categories=["coding", "math"])
 
 
 def test_bench_rejects_unknown_method(tmp_path):

@@ -65,6 +65,8 @@ def parse_args(argv=None):
     parser.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass, in (0, 1]")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--max-questions", type=positive_int, default=None)
+    parser.add_argument("--categories", type=lambda text: [c for c in text.split(",") if c], default=None,
+                        help="comma-separated: answer only questions of these categories (e.g. coding)")
     parser.add_argument("--skip-questions", type=non_negative_int, default=0,
                         help="start after this many questions of the file (e.g. a second, untuned half)")
     parser.add_argument("--dtype", default="auto")
@@ -141,7 +143,7 @@ def main(argv=None):
             raise SystemExit(f"--batch-size: greedy (T=0) methods {', '.join(BATCHED_METHODS)} only "
                              f"(got {', '.join(methods)}, T={args.temperature})")
     try:  # before any model loads: a bad questions file stops the run at once
-        questions = load_questions(args.questions, args.max_questions, args.skip_questions)
+        questions = load_questions(args.questions, args.max_questions, args.skip_questions, args.categories)
     except ValueError as err:
         raise SystemExit(f"--questions: {err}") from err
     tokenizer = load_tokenizer(args.model)

@@ -33,8 +33,9 @@ def check_question(q, where: str) -> dict:
     return q
 
 
-def load_questions(path, limit=None, skip=0) -> list[dict]:
-    """The questions of a JSONL file, every line checked first: a ValueError names the file, line and field."""
+def load_questions(path, limit=None, skip=0, categories=None) -> list[dict]:
+    """The questions of a JSONL file, every line checked first: a ValueError names the file, line and field.
+    categories: keep only questions of these (before skip and limit); one the file lacks is an error."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
@@ -53,6 +54,12 @@ def load_questions(path, limit=None, skip=0) -> list[dict]:
             except json.JSONDecodeError as err:
                 raise ValueError(f"{where}: not valid JSON ({err.msg.removesuffix(' at')} at column {err.colno})") from None
             questions.append(check_question(q, where))
+    if categories:
+        missing = sorted(set(categories) - {q["category"] for q in questions})
+        if missing:
+            raise ValueError(f"{path}: no question of category {', '.join(map(repr, missing))} "
+                             f"(it has {', '.join(sorted({q['category'] for q in questions}))})")
+        questions = [q for q in questions if q["category"] in categories]
     if skip >= len(questions):
         raise ValueError(f"{path}: --skip-questions {skip} leaves none of its {len(questions)} questions")
     return questions[skip:][:limit]
