@@ -205,10 +205,11 @@ class DFlashDraft(nn.Module):
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.norm(hidden)
 
-    def block_mask(self, context_visible: torch.Tensor) -> torch.Tensor:
-        """bool [B, T] (which context entries the block sees) -> the bool mask [B, 1, Q, T + Q] of one block:
-        every block position sees those context entries and the whole block (causal: earlier positions)."""
-        q = self.config.block_size
+    def block_mask(self, context_visible: torch.Tensor, size: int | None = None) -> torch.Tensor:
+        """bool [B, T] (which context entries the block sees) -> the bool mask [B, 1, Q, T + Q] of one block of
+        Q = size (default block_size) positions: each sees those context entries and the whole block (causal:
+        earlier positions)."""
+        q = size or self.config.block_size
         inside = torch.ones(q, q, dtype=torch.bool, device=context_visible.device)
         if self.config.causal:
             inside = inside.tril()

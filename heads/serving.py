@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 # Export format -> vLLM's speculative_config method.
-VLLM_METHODS = {"vllm-medusa": "medusa", "vllm-eagle": "eagle", "vllm-eagle3": "eagle3"}
-# Which vLLM format a specheads draft exports as: Medusa heads, EAGLE-1 / EAGLE-3 drafts.
-VLLM_FORMAT = {"medusa": "vllm-medusa", "eagle1": "vllm-eagle", "eagle3": "vllm-eagle3"}
+VLLM_METHODS = {"vllm-medusa": "medusa", "vllm-eagle": "eagle", "vllm-eagle3": "eagle3", "vllm-dflash": "dflash"}
+# Which vLLM format a specheads draft exports as: Medusa heads, EAGLE-1 / EAGLE-3 drafts, a DFlash drafter.
+VLLM_FORMAT = {"medusa": "vllm-medusa", "eagle1": "vllm-eagle", "eagle3": "vllm-eagle3", "dflash": "vllm-dflash"}
 
 
 def vllm_speculative_config(format: str, folder: str | Path, k: int) -> dict:

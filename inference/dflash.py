@@ -5,7 +5,9 @@ verified (`commit` appends the accepted positions' states, projected once per dr
 precompute_and_store_context_kv does). `propose(root)` runs the drafter once on [root, mask, ..., mask] at the
 positions after the context; the output at block position j is a distribution over the token j places after the
 root. The tree is static, as Medusa's: rank paths over those per-position top-k lists (depth d = block position d),
-by default the chain of top-1 tokens (what vLLM drafts). Which nodes are proposed never changes the output.
+by default the chain of top-1 tokens (what vLLM drafts). The block runs with as many mask slots as the tree is
+deep (vLLM: num_speculative_tokens of them), at most block_size - 1; inside the block attention is not causal, so a
+shorter block drafts differently, as in vLLM. Which nodes are proposed never changes the output.
 """
 
 from __future__ import annotations
@@ -71,23 +73,24 @@ class DFlashCandidates(CandidateSource):
         self.committed += n
 
     @torch.inference_mode()
-    def block_outputs(self, root: int) -> torch.Tensor:
-        """The drafter's outputs [block_size - 1, H] for the tokens after `root` (one forward)."""
+    def block_outputs(self, root: int, slots: int | None = None) -> torch.Tensor:
+        """The drafter's outputs [slots, H] for the `slots` tokens after `root` (default block_size - 1), one
+        forward over [root, mask * slots]."""
         if self.committed == 0:
             raise RuntimeError("DFlashCandidates.propose before commit: the decoder must commit the prompt first")
-        size = self.draft.config.block_size
+        size = 1 + (slots or self.draft.config.num_draft_tokens)
         ids = torch.full((1, size), self.mask_token_id, dtype=torch.long, device=self.device)
         ids[0, 0] = root
         positions = torch.arange(self.committed, self.committed + size, device=self.device)[None]
         visible = torch.ones(1, self.committed, dtype=torch.bool, device=self.device)
-        out = self.draft(self.embed(ids), positions, self.context, self.draft.block_mask(visible))
+        out = self.draft(self.embed(ids), positions, self.context, self.draft.block_mask(visible, size))
         return out[0, 1:]
 
     @torch.inference_mode()
     def propose(self, root: int, hidden: torch.Tensor, context: list[int]):
         if self.depth == 0:
             return torch.tensor([root], device=self.device), self.buffers
-        logits = self.lm_head(self.block_outputs(root)[: self.depth])  # [depth, V]
+        logits = self.lm_head(self.block_outputs(root, self.depth))  # [depth, V]
         top = logits.topk(self.top_k, dim=-1).indices.flatten()
         flat = torch.cat([torch.tensor([root], device=self.device), top])
         return flat[self.buffers.candidate_index], self.buffers

@@ -33,10 +33,10 @@ def deep_tiny_model(arch: str = "llama"):
     return deeper
 
 
-def new_draft(model, block_size=4, num_layers=2, seed=3, **kwargs):
+def new_draft(model, block_size=4, num_layers=2, seed=3, target_layer_ids=(0, 2), **kwargs):
     torch.manual_seed(seed)
     config = DFlashConfig.for_base(model.config, "tiny", block_size=block_size, num_layers=num_layers,
-                                   target_layer_ids=[0, 2], **kwargs)
+                                   target_layer_ids=list(target_layer_ids), **kwargs)
     draft = DFlashDraft(config).to(model.dtype)
     with torch.no_grad():  # norms away from 1, so a mix-up of norm weights shows
         for name, p in draft.named_parameters():
@@ -45,20 +45,20 @@ def new_draft(model, block_size=4, num_layers=2, seed=3, **kwargs):
     return draft.eval()
 
 
-def fitted_draft(model, block_size=4, steps=200):
+def fitted_draft(model, block_size=4, steps=200, prompts=32, lr=3e-3, **draft_options):
     """A drafter trained for a moment on the model's own greedy text with train/dflash.py's loss."""
     from specheads.train.dflash import block_logits, choose_anchors, position_losses
 
     torch.manual_seed(7)
-    prompts = torch.randint(3, VOCAB, (32, 6))
+    prompts = torch.randint(3, VOCAB, (prompts, 6))
     with torch.no_grad():
         text = model.generate(prompts, max_new_tokens=30, do_sample=False, pad_token_id=0,
                               attention_mask=torch.ones_like(prompts))
         states = model.model(text, output_hidden_states=True).hidden_states
-    draft = new_draft(model, block_size=block_size).train()
+    draft = new_draft(model, block_size=block_size, **draft_options).train()
     inputs = torch.stack([states[i] for i in draft.config.feature_layers])
     batch = {"input_ids": text, "labels": text, "attention_mask": torch.ones_like(text)}
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
         anchors = choose_anchors(batch["labels"], 12, generator)

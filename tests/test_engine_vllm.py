@@ -259,3 +259,22 @@ def test_serve_vllm_script_writes_the_deployment_figures(tmp_path):
     assert results["plain_tokens_per_s"] > 0 and results["draft_tokens_per_s"] > 0
     assert results["engine_acceptance_length"] > 1.0 and results["ours_acceptance_length"] > 1.0
     assert "--speculative-config" in results["serve_command"] and (out / "results.md").is_file()
+
+
+# ---- DFlash: the block drafter in vLLM's `dflash` method ---------------------------------------------
+
+def test_tiny_llama_dflash_drafter_in_vllm(tmp_path):
+    """vLLM 0.32's `dflash` method (v1/spec_decode/dflash.py, models/qwen3_dflash.py) serves the vllm-dflash export:
+    its output equals plain greedy, and its acceptance is ours within 5% (our chain runs the same block: the anchor
+    and k = block_size - 1 mask slots, one forward, top-1 each)."""
+    from test_dflash import fitted_draft
+
+    model = tiny_engine_base("llama")
+    model.save_pretrained(tmp_path / "base")
+    draft = fitted_draft(model, block_size=5, steps=300, prompts=128, target_layer_ids=(1, 4, 6)).float()
+    draft.config.base_model_name_or_path = str(tmp_path / "base")
+    draft.save_pretrained(tmp_path / "heads")
+    prompts = torch.randint(3, VOCAB, (4, 8), generator=torch.Generator().manual_seed(3)).tolist()
+    comparison = compare_with_vllm("vllm-dflash", tmp_path / "heads", prompts, k=4, max_tokens=48, stop_token_ids=[])
+    report(comparison, "tiny llama vllm-dflash")
+    check(comparison, 1.15)

@@ -1,7 +1,7 @@
 """Our decoder with the draft an engine runs: a chain of k tokens, the draft's top-1 at each step.
 
 vLLM drafts chains: Medusa's heads 1..k each propose their top-1 token; an EAGLE draft runs k steps, each
-on its own previous top-1. Here the same chains go through our verifier (a Medusa tree [[0], [0, 0], ...];
+on its own previous top-1; a DFlash drafter runs once on the anchor and k mask slots. Here the same chains go through our verifier (a Medusa tree [[0], [0, 0], ...];
 an EAGLE-2 tree of top_k 1, depth k and k + 1 nodes with the root), so that acceptance lengths compare.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specheads.heads import EagleDraft, MedusaHeads
+from specheads.heads import DFlashDraft, EagleDraft, MedusaHeads
 
 from ..decoder import TreeDecoder
 from ..methods import MethodOptions, build_decoder, method_for
@@ -29,6 +29,11 @@ def chain_decoder(model, draft, k: int) -> TreeDecoder:
     if isinstance(draft, EagleDraft):
         chain = MethodOptions(eagle_tree={"top_k": 1, "depth": k, "total_tokens": k + 1, "min_prob": 0.0})
         return build_decoder(method_for(draft), model, draft, chain)
+    if isinstance(draft, DFlashDraft):  # vLLM: the anchor + k mask slots, one forward, top-1 each
+        if k > draft.config.num_draft_tokens:
+            raise ValueError(f"a DFlash drafter drafts at most block_size - 1 = {draft.config.num_draft_tokens} "
+                             f"tokens per forward, not k={k}")
+        return build_decoder("dflash", model, draft, MethodOptions(tree=chain_tree(k)))
     if isinstance(draft, MedusaHeads):
         if k > draft.config.num_heads:
             raise ValueError(f"a Medusa chain drafts one token per head: k={k} > {draft.config.num_heads} heads")
