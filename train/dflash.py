@@ -69,15 +69,19 @@ class DFlashTrainConfig:
 
 def choose_anchors(labels: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
     """[B, count] anchor positions a (>= 1, so the context is not empty) whose next token x_{a+1} is an answer
-    token; drawn without replacement (generator) or the first `count` (None); -1 where a row has fewer."""
+    token; drawn without replacement (generator) or spread evenly over the answer (None); -1 where a row has
+    fewer."""
     b, t = labels.shape
     eligible = torch.zeros(b, t, dtype=torch.bool, device=labels.device)
     eligible[:, 1:-1] = labels[:, 2:] != IGNORE_INDEX
     anchors = torch.full((b, count), -1, dtype=torch.long, device=labels.device)
     for row in range(b):
         positions = eligible[row].nonzero().flatten()
-        if generator is not None and positions.numel() > count:
-            order = torch.randperm(positions.numel(), generator=generator)[:count].sort().values
+        if positions.numel() > count:
+            if generator is not None:
+                order = torch.randperm(positions.numel(), generator=generator)[:count].sort().values
+            else:
+                order = torch.linspace(0, positions.numel() - 1, count).round().long().unique()
             positions = positions[order.to(positions.device)]
         positions = positions[:count]
         anchors[row, : positions.numel()] = positions
@@ -185,8 +189,8 @@ class DFlashTask(DraftTask):
 
     @torch.no_grad()
     def evaluate(self, draft, base, examples, pad_token_id, batch_size, accelerator) -> dict:
-        """Per block position: how often the drafter's top-1 / top-5 is the answer token, over the first
-        `anchors` anchors of each held-out sequence (the same every time)."""
+        """Per block position: how often the drafter's top-1 / top-5 is the answer token, over `anchors` anchors
+        spread evenly over each held-out answer (the same every time)."""
         draft.eval()
         counts = torch.zeros(self.cfg.dflash.block_size - 1, 3, dtype=torch.float64, device=accelerator.device)
         source = self._features(base, "heldout")
