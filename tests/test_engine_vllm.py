@@ -278,3 +278,24 @@ def test_tiny_llama_dflash_drafter_in_vllm(tmp_path):
     comparison = compare_with_vllm("vllm-dflash", tmp_path / "heads", prompts, k=4, max_tokens=48, stop_token_ids=[])
     report(comparison, "tiny llama vllm-dflash")
     check(comparison, 1.15)
+
+
+def test_smollm2_dflash_export_is_served(tmp_path):
+    """SmolLM2-135M's shapes (9 query / 3 key-value heads of 64, 30 layers, EAGLE-3's target layers): vLLM loads a
+    (seeded, untrained) drafter's vllm-dflash export with method dflash and decodes it losslessly, as we do. No
+    trained SmolLM2 drafter is committed, so acceptance is ~1 on both sides and is only compared."""
+    from specheads.data.models import load_base_model
+    from specheads.heads import DFlashConfig, DFlashDraft
+
+    base = load_base_model("smollm2-135m-instruct", dtype="fp32")
+    torch.manual_seed(0)
+    draft = DFlashDraft(DFlashConfig.for_base(base.config, "smollm2-135m-instruct", block_size=8))
+    assert draft.config.target_layer_ids == [1, 14, 26]
+    draft.save_pretrained(tmp_path / "heads")
+    del base
+    prompts = chat_prompts("smollm2-135m-instruct", first_turns(QUESTIONS, 2))
+    comparison = compare_with_vllm("vllm-dflash", tmp_path / "heads", prompts, k=7, max_tokens=24)
+    report(comparison, "smollm2 vllm-dflash (untrained drafter)")
+    assert comparison.engine_identity == 1.0 and comparison.ours_identity == 1.0
+    assert comparison.engine.drafts > 0, "vLLM drafted nothing: the drafter was not used"
+    assert comparison.acceptance_gap <= 0.05
