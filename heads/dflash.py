@@ -107,10 +107,12 @@ class DFlashConfig:
                  causal: bool = False) -> "DFlashConfig":
         """A new drafter's config for this base; mask_token_id defaults to the last id of the vocabulary."""
         ids = list(target_layer_ids) if target_layer_ids else default_target_layer_ids(base_config.num_hidden_layers)
-        return cls(hidden_size=base_config.hidden_size, vocab_size=base_config.vocab_size, block_size=block_size,
+        config = cls(hidden_size=base_config.hidden_size, vocab_size=base_config.vocab_size, block_size=block_size,
                    mask_token_id=base_config.vocab_size - 1 if mask_token_id is None else mask_token_id,
                    target_layer_ids=ids, num_layers=num_layers, causal=causal,
                    base_model_name_or_path=name_or_path, layer_config=qwen3_layer_config(base_config, num_layers))
+        check_compatible(config, base_config, source="the DFlash drafter's settings")
+        return config
 
     @property
     def feature_layers(self) -> list[int]:
@@ -259,8 +261,13 @@ class DFlashDraft(nn.Module):
 def check_compatible(config: DFlashConfig, base_config, source: str = "drafter") -> None:
     """A drafter trained for one base is meaningless on another: refuse a size, vocabulary or layer mismatch."""
     problems = size_mismatches(config, base_config, "drafter")
-    if max(config.target_layer_ids) >= base_config.num_hidden_layers:
-        problems.append(f"target_layer_ids {config.target_layer_ids} name layers the base's "
-                        f"{base_config.num_hidden_layers} do not have (0..{base_config.num_hidden_layers - 1})")
+    last = base_config.num_hidden_layers - 2
+    if max(config.target_layer_ids) > last:
+        # id i reads the stream entering layer i + 1: vLLM collects none after the last layer (its fc would get
+        # fewer features than it has inputs), and transformers' last hidden state is after the final norm
+        problems.append(f"target_layer_ids {config.target_layer_ids} must lie in 0..{last} (the outputs of the "
+                        f"base's layers before its last; it has {base_config.num_hidden_layers})")
+    if len(set(config.target_layer_ids)) != len(config.target_layer_ids):
+        problems.append(f"target_layer_ids {config.target_layer_ids} name a layer twice (vLLM collects each once)")
     if problems:
         raise ValueError(f"{source} does not fit this base model: " + "; ".join(problems))

@@ -101,8 +101,11 @@ def test_a_missing_misshapen_or_foreign_tensor_is_named(tmp_path):
         DFlashDraft.from_pretrained(tmp_path / "d")
     save_file(state, str(weights))
     other = tiny_model("llama")  # 2 layers: target layer 2 does not exist
-    with pytest.raises(ValueError, match="target_layer_ids"):
+    with pytest.raises(ValueError, match=r"target_layer_ids \[0, 2\] must lie in 0..0"):
         DFlashDraft.from_pretrained(tmp_path / "d", base_model=other)
+    for ids, problem in (([0, 3], "must lie in 0..2"), ([1, 1], "name a layer twice")):
+        with pytest.raises(ValueError, match=problem):
+            DFlashConfig.for_base(model.config, "tiny", target_layer_ids=ids)
 
 
 def test_vllm_dflash_export_is_what_vllms_loader_reads_and_loads_back(tmp_path):
@@ -195,7 +198,7 @@ def dflash_config(tmp_path, model_dir, max_steps, save_every=2):
     config.write_text(json.dumps({
         "model": {"name": str(model_dir), "dtype": "fp32"},
         "data": {"dataset": str(data), "max_length": 64, "heldout_size": 4},
-        "dflash": {"block_size": 4, "num_layers": 1, "target_layer_ids": [0, 1], "anchors": 4,
+        "dflash": {"block_size": 4, "num_layers": 1, "target_layer_ids": [0], "anchors": 4,
                    "cache_dir": str(tmp_path / "cache")},
         "train": {"output_dir": str(tmp_path / "run"), "max_steps": max_steps, "batch_size": 4, "lr": 1e-2,
                   "mixed_precision": "no", "save_every": save_every, "log_every": 1},
@@ -223,7 +226,7 @@ def test_train_dflash_checkpoints_and_resumes_exactly(tmp_path, tiny_llama_dir):
     evaluation = json.loads((straight / "run" / "eval.json").read_text())
     assert len(evaluation["top1"]) == 3
     done = DFlashDraft.from_pretrained(straight / "run" / "heads")
-    assert done.config.block_size == 4 and done.config.target_layer_ids == [0, 1]
+    assert done.config.block_size == 4 and done.config.target_layer_ids == [0]
 
     resumed = tmp_path / "resumed"
     resumed.mkdir()
