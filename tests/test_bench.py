@@ -267,7 +267,7 @@ def test_readme_headline_lists_our_fastest_methods_and_hfs_peers():
     smol_t0 = [line for line in table if line.startswith("| smollm2-135m-instruct | 0 |")]
     assert [line.split(" | ")[2] for line in smol_t0] == ["eagle3_pld", "medusa_pld", "pld", "hf_prompt_lookup",
                                                         "hf_assisted"]
-    assert "| 3.48 | 2.74x | 20 (bench-smol-t0) |" in smol_t0[0]  # run before the interval existed: none shown
+    assert "| 3.48 | 2.74x | 0.15 | 20 (bench-smol-t0) |" in smol_t0[0]  # run before the interval existed: none shown
     rows = [line for line in table if line.startswith("| smollm2")]
     assert len(rows) == 2 * 5  # (T=0, T=1) x (3 of ours + 2 peers); the batched run has its own tables
     assert table[-2:] == ["- bench-smol-t0: Machine noise: not measured.", "- bench-smol-t1: Machine noise: not measured."]
@@ -299,7 +299,7 @@ def test_results_split_dev_and_test_and_compare_temperatures(tmp_path):
     assert summary.index("T=0, test questions") < summary.index("T=0, dev questions")
     assert "| medusa | 2.00 | 1.50 | 0.75 | 2.00x | 1.50x | 4 / 4 |" in summary
     headline = results.render_headline([test0, test1, dev0])
-    assert "| small | 0 | medusa | 2.00 | 2.00x (1.90-2.10) | 4 (t0) |" in headline and "3.00x" not in headline
+    assert "| small | 0 | medusa | 2.00 | 2.00x (1.90-2.10) | – | 4 (t0) |" in headline and "3.00x" not in headline
 
 
 def _record(new_tokens, seconds):

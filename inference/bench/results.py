@@ -201,8 +201,8 @@ def render_headline(bench_dirs: list[Path], ours_per_row: int = 3, split: str = 
     each from its largest benchmark on `split` (summary_rows), the speedup's 95% interval over questions beside
     it, then how noisy each run's machine was."""
     best = summary_rows(bench_dirs, split)
-    lines = ["| model | T | method | τ | speedup vs HF `generate` (95% interval) | questions (run) |",
-             "|---|---:|---|---:|---:|---|"]
+    lines = ["| model | T | method | τ | speedup vs HF `generate` (95% interval) | same tokens as HF greedy | "
+             "questions (run) |", "|---|---:|---|---:|---:|---:|---|"]
     for model, temperature in sorted({(m, t) for m, t, _ in best}):
         keys = sorted((key for key in best if key[:2] == (model, temperature)),
                       key=lambda k: -best[k][0]["overall"]["speedup"])
@@ -210,8 +210,9 @@ def render_headline(bench_dirs: list[Path], ours_per_row: int = 3, split: str = 
         for key in ours[:ours_per_row] + [k for k in keys if k[2] in HEADLINE_PEERS]:
             row, directory = best[key]
             overall = row["overall"]
+            match = f"{overall['greedy_match']:.2f}" if "greedy_match" in overall else "–"
             lines.append(f"| {model} | {temperature:g} | {key[2]} | {overall['tau']:.2f} | {overall['speedup']:.2f}x"
-                         f"{interval(overall)} | {overall['questions']} ({directory.name}) |")
+                         f"{interval(overall)} | {match} | {overall['questions']} ({directory.name}) |")
     runs = sorted({directory for _, directory in best.values()})
     noise = [f"{d.name}: {noise_line(json.loads((d / 'results.json').read_text()))}" for d in runs]
     return "\n".join(lines + [""] + [f"- {line}" for line in noise])
