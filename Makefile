@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol test test-slow clean
+.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled results test test-slow clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -147,6 +147,48 @@ bench-smol: setup
 	for t in 0 1; do $(BIN)/python scripts/bench.py --heads $(RUN)/heads --methods $(SEED_METHODS),medusa,medusa_pld \
 		--temperature $$t --questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 10 \
 		--out runs/bench-smol-all-t$$t || exit 1; done
+
+# The README's results: the committed drafts on the test split (data/questions/sharegpt-test.jsonl, never tuned
+# on), against HF in the same run. One thread pinned to one core (BENCH_CPU), so other work on the machine's
+# other core cannot stall it: two OpenMP threads sharing a core with another job ran several times slower.
+# SmolLM2 T=0 on all 120 prompts (~40 min), T=1 on the first 40 (5 per category, ~30 min), Qwen2.5-Coder-1.5B
+# T=0 on the 15 coding prompts; then the results pages.
+BENCH_CPU ?= 0
+BENCH := OMP_NUM_THREADS=1 taskset -c $(BENCH_CPU) $(BIN)/python scripts/bench.py
+SMOL_DRAFTS := --heads heads/trained/smollm2-135m-medusa1 --eagle-heads heads/trained/smollm2-135m-eagle3
+TEST_SPLIT := --questions data/questions/sharegpt-test.jsonl --max-new-tokens 128
+bench-test: setup setup-qwen
+	$(BENCH) $(SMOL_DRAFTS) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld --temperature 0 \
+		$(TEST_SPLIT) --out runs/bench-smol-test-t0
+	$(BENCH) $(SMOL_DRAFTS) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld,eagle3_sampled \
+		--eagle-sample-k 2 --eagle-sample-width 1 --eagle-sample-depth 4 \
+		--temperature 1 $(TEST_SPLIT) --max-questions 40 --out runs/bench-smol-test-t1
+	$(BENCH) --model $(QWEN) --heads heads/trained/qwen2.5-coder-1.5b-medusa --categories coding \
+		--methods baseline,hf_prompt_lookup,pld,medusa_pld --temperature 0 \
+		--questions data/questions/sharegpt-test.jsonl --max-new-tokens 96 --out runs/bench-qwen-test-coding-t0
+	$(MAKE) results
+
+# The sampled EAGLE tree's shape (eagle3_sampled), chosen at T=1 on the tune split: five shapes, the fastest
+# became SampledEagleCandidates' default (2 children, 1 node expanded per level, 4 levels). ~20 minutes.
+SAMPLED_SHAPES := k2w2d5 k3w2d6 k2w1d6 k2w1d4 k1w1d4
+tune-sampled: setup
+	for s in $(SAMPLED_SHAPES); do k=$$(echo $$s | cut -c2); w=$$(echo $$s | cut -c4); d=$$(echo $$s | cut -c6); \
+		$(BENCH) --eagle-heads heads/trained/smollm2-135m-eagle3 --methods baseline,eagle3,eagle3_sampled \
+		--eagle-sample-k $$k --eagle-sample-width $$w --eagle-sample-depth $$d --temperature 1 \
+		--questions data/questions/sharegpt-tune.jsonl --max-questions 16 --max-new-tokens 64 \
+		--out runs/tune-sampled-$$s || exit 1; done
+
+BENCHES := bench-smol-test-t0 bench-smol-test-t1 bench-qwen-test-coding-t0 bench-smol-t0 bench-smol-t1 \
+	bench-qwen-1200-t0 bench-qwen-1200-t1 bench-qwen-peers-t0 bench-qwen-peers-t1 bench-smol-batch-1 bench-smol-batch-4 \
+	bench-smol-batch-16 bench-smol-fp32-batch-1 bench-smol-fp32-batch-4 bench-smol-fp32-batch-16 \
+	bench-smol-bf16-combined-batch-1 bench-smol-bf16-combined-batch-4 bench-smol-bf16-combined-batch-16 \
+	bench-smol-fp32-combined-batch-16 $(foreach s,$(SAMPLED_SHAPES),tune-sampled-$(s))
+# README and docs/results.md from the committed benchmarks (runs/<name> is stored in data/benchmarks first when
+# a new run exists there).
+results: setup
+	$(BIN)/python scripts/results.py --run heads/trained/smollm2-135m-medusa1 --run heads/trained/smollm2-135m-eagle3 \
+		--run heads/trained/qwen2.5-coder-1.5b-medusa --store data/benchmarks \
+		$(foreach b,$(BENCHES),--bench $(if $(wildcard runs/$(b)/results.json),runs/$(b),data/benchmarks/$(b)))
 
 # QWEN_LIMIT=1200 QWEN_DISTILLED=data/distilled/qwen2.5-coder-1.5b-sharegpt-train-1200.jsonl: the committed file of
 # twice the answers (made by copying the 600-answer file there first: the script resumes, so only 600 are new, ~28 min).

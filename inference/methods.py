@@ -271,9 +271,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eagle-sample-k", dest="eagle_sample_k", type=positive_int, default=None,
                    help="eagle*_sampled: children drawn per expanded node (default 2)")
     g.add_argument("--eagle-sample-width", dest="eagle_sample_width", type=positive_int, default=None,
-                   help="eagle*_sampled: nodes expanded per level (default 2)")
+                   help="eagle*_sampled: nodes expanded per level (default 1)")
     g.add_argument("--eagle-sample-depth", dest="eagle_sample_depth", type=positive_int, default=None,
-                   help="eagle*_sampled: draft steps (default 5)")
+                   help="eagle*_sampled: draft steps (default 4)")
     for old, new, kind in (("--tree-top-k", "eagle_top_k", positive_int), ("--tree-depth", "eagle_depth", positive_int),
                            ("--tree-tokens", "eagle_tokens", int_at_least(2)), ("--tree-min-prob", "eagle_min_prob", min_prob)):
         g.add_argument(old, dest=new, type=kind, default=None, help=argparse.SUPPRESS)  # chat.py's former names

@@ -293,9 +293,11 @@ def test_results_split_dev_and_test_and_compare_temperatures(tmp_path):
     test1 = bench("t1", {"command": "python scripts/bench.py --questions data/questions/sharegpt-test.jsonl"}, 1.0,
                   {"baseline": 1.0, "medusa": 1.5})
     dev0 = bench("d0", {"command": "python scripts/bench.py --max-questions 4"}, 0.0, {"baseline": 1.0, "medusa": 3.0})
-    assert [results.split_of(json.loads((f / "results.json").read_text())) for f in (test0, test1, dev0)] == \
-        ["test", "test", "dev"]
-    summary = results.render_summary([test0, test1, dev0])
+    tune0 = bench("u0", {"questions_file": "data/questions/sharegpt-tune.jsonl"}, 0.0, {"baseline": 1.0, "medusa": 9.0})
+    assert [results.split_of(json.loads((f / "results.json").read_text())) for f in (test0, test1, dev0, tune0)] == \
+        ["test", "test", "dev", "tune"]
+    summary = results.render_summary([test0, test1, dev0, tune0])
+    assert "9.00x" not in summary  # runs that chose a setting keep to their own tables
     assert summary.index("T=0, test questions") < summary.index("T=0, dev questions")
     assert "| medusa | 2.00 | 1.50 | 0.75 | 2.00x | 1.50x | 4 / 4 |" in summary
     headline = results.render_headline([test0, test1, dev0])

@@ -105,8 +105,10 @@ def questions_file(results: dict) -> str:
 
 
 def split_of(results: dict) -> str:
-    """"test" for a run on a test split (questions nobody tuned on, data/questions/README.md), else "dev"."""
-    return "test" if Path(questions_file(results)).stem.endswith("-test") else "dev"
+    """"test" for a run on a test split (questions nobody tuned on, data/questions/README.md), "tune" for a run
+    that chose a setting (its own table only: the summary would mix the settings it compared), else "dev"."""
+    stem = Path(questions_file(results)).stem
+    return "test" if stem.endswith("-test") else "tune" if stem.endswith("-tune") else "dev"
 
 
 def summary_rows(bench_dirs: list[Path], split: str | None = None) -> dict[tuple, tuple[dict, Path]]:
