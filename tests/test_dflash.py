@@ -245,3 +245,48 @@ def test_train_dflash_checkpoints_and_resumes_exactly(tmp_path, tiny_llama_dir):
     again = DFlashDraft.from_pretrained(resumed / "run" / "heads")
     for name, tensor in done.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name
+
+
+def test_block_acceptance_is_what_decoding_from_each_anchor_accepts():
+    """train/dflash.block_acceptance (the evaluation's chain acceptance) against a step-by-step recount: for each
+    anchor a, the base's own logits for x_{a+j} from a forward over x_≤a+j-1, the drafted block's argmax compared
+    with the base's greedy token (T=0) and Σ min(p, q) (T=1), multiplied along the block."""
+    from specheads.train.acceptance import acceptance_result
+    from specheads.train.dflash import block_acceptance, block_logits, choose_anchors
+
+    model = deep_tiny_model()
+    draft = fitted_draft(model, block_size=4, steps=30, prompts=8, num_layers=1)
+    torch.manual_seed(7)  # fitted_draft's own text: some blocks are right
+    prompts = torch.randint(3, VOCAB, (8, 6))[:3]
+    with torch.no_grad():
+        text = model.generate(prompts, max_new_tokens=30, do_sample=False, pad_token_id=0,
+                              attention_mask=torch.ones_like(prompts))
+        out = model.model(text, output_hidden_states=True)
+    inputs = torch.stack([out.hidden_states[i] for i in draft.config.feature_layers])
+    labels = text.clone()
+    labels[:, :6] = -100  # the prompt is not an answer
+    batch = {"input_ids": text, "labels": labels, "attention_mask": torch.ones_like(text)}
+    anchors = choose_anchors(labels, 5, None)
+    result = acceptance_result(block_acceptance(draft, model, batch, inputs, out.last_hidden_state, anchors), 3)
+
+    with torch.no_grad():
+        logits, _, trained = block_logits(draft, model, batch, inputs, anchors)
+    t0, t1, n = torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), 0
+    for row in range(text.shape[0]):
+        for col, a in enumerate(anchors[row].tolist()):
+            if a < 0 or not trained[row, col].all():
+                continue
+            n += 1
+            still0, still1 = 1.0, 1.0
+            for j in range(1, 4):
+                with torch.no_grad():
+                    base = model(text[row: row + 1, : a + j]).logits[0, -1].double()
+                drafted = logits[row, col, j - 1].double()
+                still0 *= float(drafted.argmax() == base.argmax())
+                still1 *= float(torch.minimum(drafted.softmax(-1), base.softmax(-1)).sum())
+                t0[j - 1] += still0
+                t1[j - 1] += still1
+    assert n >= 6 and result["accept_positions"] == n
+    assert result["accept_t0"] == pytest.approx((t0 / n).tolist(), abs=1e-9)
+    assert result["accept_t1"] == pytest.approx((t1 / n).tolist(), abs=1e-5)
+    assert 0 < result["accept_t0"][0] < 1 and 0 < result["accept_t1"][0] < 1  # not a vacuous all-0 / all-1 case

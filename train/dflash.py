@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from specheads.data.tokenization import IGNORE_INDEX
 from specheads.heads.dflash import DFlashConfig, DFlashDraft
+from specheads.train.acceptance import acceptance_result, capped_examples, chunked_chain_counts
 from specheads.train.cli import train_main
 from specheads.train.config import DataSection, ModelSection, TrainSection
 from specheads.train.data_order import heldout_batches
@@ -141,6 +142,23 @@ def position_losses(logits, targets, trained):
     return torch.stack(losses), torch.tensor(hits, dtype=torch.float64)
 
 
+@torch.no_grad()
+def block_acceptance(draft: DFlashDraft, base, batch, inputs, last, anchors) -> torch.Tensor:
+    """Chain acceptance of whole drafted blocks (train/acceptance.chain_counts): for every anchor a whose block
+    positions all lie in the answer, the drafter's logits for x_{a+j} against the base's at a+j-1 (its `last`
+    states), j = 1..K. A block is drafted in one forward from the verified context, so this is what the decoder
+    sees; the base side is teacher-path, as for the other tasks."""
+    logits, _, trained = block_logits(draft, base, batch, inputs, anchors)
+    rows, cols = trained.all(-1).nonzero(as_tuple=True)
+    k = logits.shape[2]
+    drafted = logits[rows, cols].transpose(0, 1)  # [K, n, V]
+    places = anchors[rows, cols][:, None] + torch.arange(k, device=anchors.device)  # a + j - 1
+    base_states = last[rows[:, None], places].transpose(0, 1)  # [K, n, H]
+    lm_head = base.get_output_embeddings()
+    return chunked_chain_counts(k, drafted.shape[1], lambda lo, hi: (drafted[:, lo:hi], lm_head(base_states[:, lo:hi])),
+                                None, last.device)
+
+
 class DFlashTask(DraftTask):
     name = "dflash"
 
@@ -190,7 +208,8 @@ class DFlashTask(DraftTask):
     @torch.no_grad()
     def evaluate(self, draft, base, examples, pad_token_id, batch_size, accelerator) -> dict:
         """Per block position: how often the drafter's top-1 / top-5 is the answer token, over `anchors` anchors
-        spread evenly over each held-out answer (the same every time)."""
+        spread evenly over each held-out answer (the same every time); with train.accept_positions, the chain
+        acceptance of those blocks at T=0 and T=1 (block_acceptance)."""
         draft.eval()
         counts = torch.zeros(self.cfg.dflash.block_size - 1, 3, dtype=torch.float64, device=accelerator.device)
         source = self._features(base, "heldout")
@@ -200,8 +219,19 @@ class DFlashTask(DraftTask):
             with accelerator.autocast():
                 _, hits = position_losses(*block_logits(draft, base, batch, inputs, anchors))
             counts += hits.to(counts.device)
+        result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
+        k = self.cfg.dflash.block_size - 1
+        if self.cfg.train.accept_positions:
+            accept = torch.zeros(2 * k + 1, dtype=torch.float64, device=accelerator.device)
+            for indices, batch in heldout_batches(capped_examples(examples, self.cfg.train.accept_positions),
+                                                  pad_token_id, batch_size, accelerator):
+                inputs, last = source(batch, indices)
+                anchors = choose_anchors(batch["labels"], self.cfg.dflash.anchors, None)
+                with accelerator.autocast():
+                    accept += block_acceptance(draft, base, batch, inputs, last, anchors).to(accept.device)
+            result.update(acceptance_result(accelerator.reduce(accept, reduction="sum"), k))
         draft.train()
-        return accuracy_result(accelerator.reduce(counts, reduction="sum"))
+        return result
 
     format_result = staticmethod(format_accuracy)
     eval_logs = staticmethod(accuracy_logs)
