@@ -121,6 +121,35 @@ def test_bench_eagle_methods_are_lossless(tmp_path, tiny_llama_dir):
         assert results["methods"][method]["overall"]["greedy_match"] == 1.0, method
 
 
+def test_bench_takes_a_dflash_drafter_beside_an_eagle_draft(tmp_path, tiny_llama_dir):
+    """--drafts: a DFlash folder and an EAGLE-3 one in one run, each method given its own kind; lossless in fp64;
+    Medusa heads there are refused by name."""
+    from specheads.inference import bench
+    from transformers import AutoConfig
+
+    from specheads.heads import DFlashConfig, DFlashDraft, EagleConfig, EagleDraft, MedusaConfig, MedusaHeads
+
+    base_config = AutoConfig.from_pretrained(tiny_llama_dir)
+    torch.manual_seed(0)
+    DFlashDraft(DFlashConfig.for_base(base_config, str(tiny_llama_dir), block_size=4, num_layers=1,
+                                      target_layer_ids=[0])).save_pretrained(tmp_path / "dflash")
+    EagleDraft(EagleConfig.for_base(base_config, str(tiny_llama_dir), variant="eagle3",
+                                    draft_vocab_size=1000)).save_pretrained(tmp_path / "eagle3")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello", "More"]}) + "\n")
+    drafts = f"{tmp_path / 'dflash'},{tmp_path / 'eagle3'}"
+    results = bench.main(["--model", str(tiny_llama_dir), "--drafts", drafts, "--questions", str(questions),
+                          "--methods", "baseline,dflash,dflash_pld,eagle3", "--max-new-tokens", "10",
+                          "--eagle-tokens", "6", "--dtype", "fp64", "--out", str(tmp_path / "bench")])
+    for method in ("dflash", "dflash_pld", "eagle3"):
+        assert results["methods"][method]["overall"]["greedy_match"] == 1.0, method
+    MedusaHeads(MedusaConfig(hidden_size=base_config.hidden_size, vocab_size=base_config.vocab_size, num_heads=2,
+                             base_model_name_or_path=str(tiny_llama_dir))).save_pretrained(tmp_path / "medusa")
+    with pytest.raises(SystemExit, match="Medusa heads"):
+        bench.main(["--model", str(tiny_llama_dir), "--drafts", str(tmp_path / "medusa"), "--questions",
+                    str(questions), "--methods", "dflash", "--out", str(tmp_path / "b2")])
+
+
 def test_tune_eagle_tree_stores_the_fastest_shape(tmp_path, tiny_llama_dir):
     from specheads.inference.tuning import eagle_tree as tune_eagle_tree
     from transformers import AutoConfig

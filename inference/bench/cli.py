@@ -14,7 +14,8 @@ medusa:NAME; Medusa-2 heads decode on the base with their LoRA adapter merged, a
 prompt lookup: --pld-combine by-match = a lookup chain alone when the match is long enough to trust, a short
 match merged with the heads' tree, else the heads' tree; first = the lookup chain when it finds one, else the
 heads' tree; merge = both in one tree, verified in one forward), eagle2 / eagle3 (an EAGLE-1 / EAGLE-3 draft from --eagle-heads with an
-EAGLE-2 dynamic tree of --eagle-tokens nodes), eagle2_pld / eagle3_pld (that draft with prompt lookup, as medusa_pld).
+EAGLE-2 dynamic tree of --eagle-tokens nodes), eagle2_pld / eagle3_pld (that draft with prompt lookup, as medusa_pld), dflash / dflash_pld (a DFlash block
+drafter from --drafts, its chain or stored tree). --drafts (alias --eagle-heads) takes one folder of each kind.
 Every method is built by the registry in inference/methods.py.
 Seed methods: sps (draft-model speculative
 sampling; the draft is the base's first --draft-layers layers + norm + lm_head, weights shared, γ fixed
@@ -38,18 +39,19 @@ import json
 import sys
 
 from specheads.data.models import load_base_model, load_tokenizer
-from specheads.heads import EagleDraft, load_heads
+from specheads.heads import load_heads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.heads.loading import load_medusa_heads
 from specheads.inference.cli import float_in, non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
-from specheads.inference.methods import METHODS, add_method_arguments, options_from_args
+from specheads.inference.methods import METHODS, add_method_arguments, draft_kind, options_from_args
 from specheads.inference.tree import TreeError, check_tree_fits
 
 from .questions import load_questions
 from .report import NOISE_BOUND, write_results
 from .runner import own_baseline, registered, run_batched, run_single
 
+DRAFT_KINDS = ("eagle1", "eagle3", "dflash")  # the drafts --drafts gives
 BATCHED_METHODS = ("baseline", *(name for name, m in METHODS.items() if m.batched))  # --batch-size
 
 
@@ -57,8 +59,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--heads", default=None, help="Medusa heads folder, or NAME=DIR,NAME=DIR to compare sets")
-    parser.add_argument("--eagle-heads", default=None,
-                        help="EAGLE draft folder(s), comma-separated: an EAGLE-1 draft for eagle2, an EAGLE-3 one for eagle3")
+    parser.add_argument("--drafts", "--eagle-heads", dest="eagle_heads", default=None,
+                        help="draft folder(s), comma-separated: an EAGLE-1 draft for eagle2*, an EAGLE-3 one for "
+                             "eagle3*, a DFlash drafter for dflash*")
     parser.add_argument("--questions", default="data/questions/sharegpt-dev.jsonl")
     parser.add_argument("--methods", default="baseline,prompt_lookup,medusa")
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy")
@@ -105,24 +108,29 @@ def command_line(argv) -> str:
 
 
 
-def load_eagle_drafts(args, methods, model) -> dict:
-    """{bench method: EAGLE draft} for the eagle methods asked for, from --eagle-heads."""
-    wanted = [m for m in methods if METHODS[registered(m)].draft in ("eagle1", "eagle3")]
+def load_drafts(args, methods, model) -> dict:
+    """{bench method: draft} for the methods that decode with an EAGLE draft or a DFlash drafter, from --drafts
+    (one folder of each kind at most: each method takes the one of its kind)."""
+    wanted = [m for m in methods if METHODS[registered(m)].draft in DRAFT_KINDS]
     if not wanted:
         return {}
     if not args.eagle_heads:
-        raise SystemExit(f"--methods {','.join(wanted)} need --eagle-heads DIR[,DIR]")
-    by_variant = {}
+        raise SystemExit(f"--methods {','.join(wanted)} need --drafts DIR[,DIR]")
+    by_kind = {}
     for directory in args.eagle_heads.split(","):
         draft = load_heads(directory, model)
-        if not isinstance(draft, EagleDraft):
-            raise SystemExit(f"--eagle-heads: {directory} holds Medusa heads, not an EAGLE draft")
-        by_variant[draft.config.variant] = draft
-    missing = [m for m in wanted if METHODS[m].draft not in by_variant]
+        kind = draft_kind(draft)
+        if kind not in DRAFT_KINDS:
+            raise SystemExit(f"--drafts: {directory} holds Medusa heads (give them with --heads), not an EAGLE "
+                             "draft or a DFlash drafter")
+        if kind in by_kind:
+            raise SystemExit(f"--drafts: two {kind} drafts ({args.eagle_heads}); bench one at a time")
+        by_kind[kind] = draft
+    missing = [m for m in wanted if METHODS[m].draft not in by_kind]
     if missing:
         raise SystemExit(f"--methods {','.join(missing)}: no {'/'.join(METHODS[m].draft for m in missing)} draft "
-                         f"among --eagle-heads {args.eagle_heads}")
-    return {m: by_variant[METHODS[m].draft] for m in wanted}
+                         f"among --drafts {args.eagle_heads}")
+    return {m: by_kind[METHODS[m].draft] for m in wanted}
 
 
 def main(argv=None):
@@ -170,7 +178,7 @@ def main(argv=None):
     layers = model.config.num_hidden_layers
     if {"sps", "hf_assisted"} & set(methods) and args.draft_layers and args.draft_layers > layers:
         raise SystemExit(f"--draft-layers: num_layers must be in 1..{layers}, got {args.draft_layers}")
-    eagle_drafts = load_eagle_drafts(args, methods, model)
+    eagle_drafts = load_drafts(args, methods, model)
     drafts = {m: (model, d) for m, d in eagle_drafts.items()}
     drafts.update(heads)
     for m in methods:  # medusa_pld decodes with the `medusa` set, else the first named one
