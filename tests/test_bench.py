@@ -331,6 +331,9 @@ def test_results_split_dev_and_test_and_compare_temperatures(tmp_path):
     assert "| medusa | 2.00 | 1.50 | 0.75 | 2.00x | 1.50x | 4 / 4 |" in summary
     headline = results.render_headline([test0, test1, dev0])
     assert "| small | 0 | medusa | 2.00 | 2.00x (1.90-2.10) | – | 4 (t0) |" in headline and "3.00x" not in headline
+    trial = bench("x0", {"questions_file": "data/questions/sharegpt-test.jsonl", "experiment": "dflash-vs-eagle3"},
+                  0.0, {"baseline": 1.0, "medusa": 7.0})  # later and as large: would win the tie if it counted
+    assert "7.00x" not in results.render_summary([test0, trial]) + results.render_headline([test0, trial])
 
 
 def _record(new_tokens, seconds):

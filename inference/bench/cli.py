@@ -82,6 +82,9 @@ def parse_args(argv=None):
     parser.add_argument("--noise-bound", type=float_in(0.0, float("inf"), low_open=True), default=NOISE_BOUND,
                         help="flag the run as noisy when a fixed probe forward, timed before each question, varies "
                              "by more than this coefficient of variation (default %(default)s; single-row runs)")
+    parser.add_argument("--experiment", default=None,
+                        help="a name for a run that compares drafts not committed (e.g. dflash-vs-eagle3): the results "
+                             "pages give it its own table, never a row of the summary or the README")
     parser.add_argument("--out", default="runs/bench")
     return parser.parse_args(argv)
 

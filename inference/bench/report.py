@@ -132,6 +132,8 @@ def run_header(args, model, command: str, questions: int) -> dict:
                               if args.pld_combine == "by-match" else None)}
     if args.batch_size:
         header["batch_size"] = args.batch_size
+    if args.experiment:
+        header["experiment"] = args.experiment
     return {**header, "questions": questions, "machine": machine(),
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "methods": {}}
 

@@ -121,8 +121,8 @@ def summary_rows(bench_dirs: list[Path], split: str | None = None) -> dict[tuple
     chosen: dict[tuple, tuple[dict, Path, tuple]] = {}
     for directory in bench_dirs:
         results = json.loads((directory / "results.json").read_text())
-        if results.get("batch_size"):  # throughput runs (no categories) stay in their own tables
-            continue
+        if results.get("batch_size") or results.get("experiment"):  # throughput runs (no categories) and
+            continue  # experiments (drafts not committed) stay in their own tables
         if split is not None and split_of(results) != split:
             continue
         rank = (results.get("questions", 0), results.get("date", ""))
