@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled results test test-slow clean
+.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results test test-slow clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -178,17 +178,36 @@ tune-sampled: setup
 		--questions data/questions/sharegpt-tune.jsonl --max-questions 16 --max-new-tokens 64 \
 		--out runs/tune-sampled-$$s || exit 1; done
 
+# DFlash against EAGLE-3 on the same data and compute: both from scratch on the same 3,000 self-distilled answers
+# (the same cached hidden states), 120 updates of 8 sequences each, one core each; their held-out rollout acceptance
+# (train.accept_positions) every 40 updates, then both on the first 40 test prompts at T=0 and T=1 in one run
+# (--experiment: their own tables, not the README's). Then EAGLE-3 again with the acceptance-aligned loss (ce+tv) for
+# the loss comparison. ~2 hours on one core (CMP_CPU).
+CMP_CPU ?= 1
+CMP_TRAIN := OMP_NUM_THREADS=1 taskset -c $(CMP_CPU) $(BIN)/python
+CMP_BUDGET := train.max_steps=120 train.eval_every=40 train.best_by=tau_t0 train.save_every=20
+CMP_BENCH := OMP_NUM_THREADS=1 taskset -c $(CMP_CPU) $(BIN)/python scripts/bench.py \
+	--drafts runs/cmp-eagle3/heads,runs/cmp-dflash/heads $(TEST_SPLIT) --max-questions 40 --experiment dflash-vs-eagle3
+compare-dflash: setup
+	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3.yaml train.output_dir=runs/cmp-eagle3 $(CMP_BUDGET) --resume
+	$(CMP_TRAIN) train/dflash.py --config configs/smollm2-135m-dflash.yaml train.output_dir=runs/cmp-dflash $(CMP_BUDGET) --resume
+	$(CMP_BENCH) --methods baseline,eagle3,dflash --temperature 0 --out runs/bench-cmp-t0
+	$(CMP_BENCH) --methods baseline,eagle3,eagle3_sampled,dflash --temperature 1 --out runs/bench-cmp-t1
+	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3.yaml train.output_dir=runs/cmp-eagle3-tv \
+		$(CMP_BUDGET) eagle.loss=ce+tv --resume
+
 BENCHES := bench-smol-test-t0 bench-smol-test-t1 bench-qwen-test-coding-t0 bench-smol-t0 bench-smol-t1 \
 	bench-qwen-1200-t0 bench-qwen-1200-t1 bench-qwen-peers-t0 bench-qwen-peers-t1 bench-smol-batch-1 bench-smol-batch-4 \
 	bench-smol-batch-16 bench-smol-fp32-batch-1 bench-smol-fp32-batch-4 bench-smol-fp32-batch-16 \
 	bench-smol-bf16-combined-batch-1 bench-smol-bf16-combined-batch-4 bench-smol-bf16-combined-batch-16 \
-	bench-smol-fp32-combined-batch-16 $(foreach s,$(SAMPLED_SHAPES),tune-sampled-$(s))
+	bench-smol-fp32-combined-batch-16 $(foreach s,$(SAMPLED_SHAPES),tune-sampled-$(s)) bench-cmp-t0 bench-cmp-t1
 # README and docs/results.md from the committed benchmarks (runs/<name> is stored in data/benchmarks first when
-# a new run exists there).
+# a new run exists there; a benchmark neither place holds is left out).
 results: setup
 	$(BIN)/python scripts/results.py --run heads/trained/smollm2-135m-medusa1 --run heads/trained/smollm2-135m-eagle3 \
 		--run heads/trained/qwen2.5-coder-1.5b-medusa --store data/benchmarks \
-		$(foreach b,$(BENCHES),--bench $(if $(wildcard runs/$(b)/results.json),runs/$(b),data/benchmarks/$(b)))
+		$(foreach b,$(BENCHES),$(if $(wildcard runs/$(b)/results.json),--bench runs/$(b),$(if \
+			$(wildcard data/benchmarks/$(b)/results.json),--bench data/benchmarks/$(b))))
 
 # QWEN_LIMIT=1200 QWEN_DISTILLED=data/distilled/qwen2.5-coder-1.5b-sharegpt-train-1200.jsonl: the committed file of
 # twice the answers (made by copying the 600-answer file there first: the script resumes, so only 600 are new, ~28 min).
