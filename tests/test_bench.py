@@ -143,6 +143,12 @@ def test_bench_takes_a_dflash_drafter_beside_an_eagle_draft(tmp_path, tiny_llama
                           "--eagle-tokens", "6", "--dtype", "fp64", "--out", str(tmp_path / "bench")])
     for method in ("dflash", "dflash_pld", "eagle3"):
         assert results["methods"][method]["overall"]["greedy_match"] == 1.0, method
+        cost = results["methods"][method]["overall"]["step_cost"]  # in HF greedy's time per token
+        assert cost["verify"] > 0 and cost["draft"] > 0 and cost["rest"] >= 0, cost
+    assert "what limits each method" in (tmp_path / "bench" / "results.md").read_text()
+    from specheads.inference.bench.results import refigure
+    refigure(tmp_path / "bench")  # the same figures again from records.json
+    assert json.loads((tmp_path / "bench" / "results.json").read_text()) == json.loads(json.dumps(results))
     MedusaHeads(MedusaConfig(hidden_size=base_config.hidden_size, vocab_size=base_config.vocab_size, num_heads=2,
                              base_model_name_or_path=str(tiny_llama_dir))).save_pretrained(tmp_path / "medusa")
     with pytest.raises(SystemExit, match="Medusa heads"):

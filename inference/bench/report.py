@@ -43,7 +43,24 @@ def summarise(records: list[dict], baseline: list[dict] | None, greedy: bool) ->
             same = [[t["tokens"] for t in r["turns"]] == [t["tokens"] for t in b["turns"]]
                     for r, b in zip(records, baseline)]
             summary["greedy_match"] = sum(same) / len(same)
+        cost = step_cost(steps, baseline)
+        if cost:
+            summary["step_cost"] = cost
     return summary
+
+
+def step_cost(steps: list[dict], baseline: list[dict]) -> dict | None:
+    """Where one decode step's time goes, in units of HF greedy's time per token on the same questions: the
+    base's forward over the tree (verify), the draft proposing (draft) and the rest (acceptance, cache); a method's
+    speedup is about τ / (verify + draft + rest), so this says whether draft accuracy (τ), verify cost or draft
+    cost limits it."""
+    count = sum(len(t["accepted"]) for t in steps)
+    per_token = sum(b["seconds"] for b in baseline) / max(sum(b["new_tokens"] for b in baseline), 1)
+    if not count or per_token <= 0:
+        return None
+    verify, draft, total = (sum(t[key] for t in steps) / count / per_token
+                            for key in ("verify_seconds", "draft_seconds", "step_seconds"))
+    return {"verify": verify, "draft": draft, "rest": total - verify - draft}
 
 
 NOISE_BOUND = 0.10  # default of bench --noise-bound: see machine_noise
@@ -164,6 +181,14 @@ def single_markdown(results: dict) -> list[str]:
         stock = methods["hf_unpacked"]["overall"]["tokens_per_s"]
         lines += ["", f"Against `hf_unpacked` (HF `generate` on stock PyTorch linears, {stock:.1f} tokens/s): " + ", ".join(
             f"{name} {m['overall']['tokens_per_s'] / stock:.2f}x" for name, m in methods.items() if name != "hf_unpacked") + "."]
+    costs = {name: m["overall"]["step_cost"] for name, m in methods.items() if "step_cost" in m["overall"]}
+    if costs:
+        lines += ["", "A step's time in HF greedy's time per token (speedup ≈ τ / step): what limits each method.", "",
+                  "| method | τ | verify | draft | rest | step | τ / step |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, c in costs.items():
+            tau, total = methods[name]["overall"]["tau"], c["verify"] + c["draft"] + c["rest"]
+            lines.append(f"| {name} | {tau:.2f} | {c['verify']:.2f} | {c['draft']:.2f} | {c['rest']:.2f} | {total:.2f} "
+                         f"| {tau / total:.2f} |")
     lines += ["", "Speedup (τ) per category:", "", "| method | " + " | ".join(categories) + " |",
               "|---|" + "---:|" * len(categories)]
     for name, m in methods.items():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from specheads.heads.files import write_text
 
-from .report import machine, noise_line
+from .report import machine, noise_line, write_results
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 # Vicuna-7B, 5 heads, ShareGPT (Medusa paper, via shared/REFERENCE.md)
@@ -294,6 +294,17 @@ def store_benchmarks(bench_dirs: list[Path], store: Path) -> list[Path]:
     return copies
 
 
+def refigure(directory: Path) -> None:
+    """Recompute a single-row run's per-method figures from its records.json (the same code as the run itself),
+    keeping its header and noise measure: for a run made before a figure (e.g. step_cost) existed."""
+    from .runner import method_results
+
+    results = json.loads((directory / "results.json").read_text())
+    records = json.loads((directory / "records.json").read_text())
+    results.update(method_results(records, list(results["methods"]), greedy=results["temperature"] == 0))
+    write_results(directory, results, records)
+
+
 def replace_between_markers(path: Path, section: str) -> None:
     """The text between path's results markers becomes `section` (temp file + rename)."""
     text = path.read_text()
@@ -309,6 +320,8 @@ def main(argv=None) -> None:
     parser.add_argument("--run", action="append", type=Path, help="training run folder (repeatable)")
     parser.add_argument("--bench", action="append", default=[], type=Path, help="extra bench.py --out folder (repeatable)")
     parser.add_argument("--store", type=Path, help="copy the benchmarks' results here (e.g. data/benchmarks) and read the copies")
+    parser.add_argument("--refigure", action="store_true",
+                        help="first recompute each --bench folder's figures from its records.json, where it has one")
     parser.add_argument("--readme", default="README.md", type=Path, help="gets the summary table")
     parser.add_argument("--page", default="docs/results.md", type=Path, help="gets every table")
     args = parser.parse_args(argv)
@@ -316,6 +329,8 @@ def main(argv=None) -> None:
     for directory in args.bench:
         if not (directory / "results.json").is_file():
             raise SystemExit(f"--bench {directory}: no results.json (a scripts/bench.py --out folder is expected)")
+        if args.refigure and (directory / "records.json").is_file():
+            refigure(directory)
     if args.store:
         args.bench = store_benchmarks(args.bench, args.store)
     command = "python scripts/results.py " + " ".join(

@@ -136,6 +136,28 @@ class Runner:
                 "forwards": sum(t["forwards"] for t in turns)}
 
 
+def method_results(records: dict, methods: list[str], greedy: bool) -> dict:
+    """A single-row run's per-method figures from its records (overall and per category, against each method's
+    reference) and the accepted lengths' histogram: {"methods": ..., "accepted_length_histogram": ...}."""
+    out = {"methods": {}, "accepted_length_histogram": {}}
+    for method in methods:
+        base = records[reference_of(method, methods)] if method != "baseline" else None
+        by_category = defaultdict(list)
+        for i, r in enumerate(records[method]):
+            by_category[r["category"]].append(i)
+        per_category = {c: summarise([records[method][i] for i in idx],
+                                     [base[i] for i in idx] if base else None, greedy)
+                        for c, idx in sorted(by_category.items())}
+        out["methods"][method] = {"overall": summarise(records[method], base, greedy), "per_category": per_category}
+        hist = defaultdict(int)
+        for r in records[method]:
+            for t in r["turns"]:
+                for a in t["accepted"]:
+                    hist[str(a)] += 1
+        out["accepted_length_histogram"][method] = dict(hist)
+    return out
+
+
 def run_single(args, options, model, tokenizer, methods, drafts, questions, command: str) -> tuple[dict, dict]:
     """Every method on every question (all turns); -> (results, records per method)."""
     runner = Runner(args, options, model, tokenizer, methods, drafts)
@@ -150,23 +172,8 @@ def run_single(args, options, model, tokenizer, methods, drafts, questions, comm
         for method in methods:  # interleaved, so machine noise hits every method alike
             records[method].append(runner.run_question(method, question))
 
-    greedy = args.temperature == 0
-    results = {**run_header(args, model, command, len(questions)), "accepted_length_histogram": {}}
-    for method in methods:
-        base = records[reference_of(method, methods)] if method != "baseline" else None
-        by_category = defaultdict(list)
-        for i, r in enumerate(records[method]):
-            by_category[r["category"]].append(i)
-        per_category = {c: summarise([records[method][i] for i in idx],
-                                     [base[i] for i in idx] if base else None, greedy)
-                        for c, idx in sorted(by_category.items())}
-        results["methods"][method] = {"overall": summarise(records[method], base, greedy), "per_category": per_category}
-        hist = defaultdict(int)
-        for r in records[method]:
-            for t in r["turns"]:
-                for a in t["accepted"]:
-                    hist[str(a)] += 1
-        results["accepted_length_histogram"][method] = dict(hist)
+    results = {**run_header(args, model, command, len(questions))}
+    results.update(method_results(records, methods, greedy=args.temperature == 0))
     # how much the machine moved over the run (report.machine_noise)
     results["noise"] = machine_noise(probe.seconds, records.get("baseline", []), getattr(args, "noise_bound", NOISE_BOUND))
     return results, records
