@@ -151,7 +151,7 @@ bench-smol: setup
 # The README's results: the committed drafts on the test split (data/questions/sharegpt-test.jsonl, never tuned
 # on), against HF in the same run. One thread pinned to one core (BENCH_CPU), so other work on the machine's
 # other core cannot stall it: two OpenMP threads sharing a core with another job ran several times slower.
-# SmolLM2 T=0 on all 120 prompts (~40 min), T=1 on the first 40 (5 per category, ~30 min), Qwen2.5-Coder-1.5B
+# SmolLM2 T=0 on all 120 prompts (~40 min), T=1 on the first 24 (3 per category, ~20 min), Qwen2.5-Coder-1.5B
 # T=0 on the 15 coding prompts; then the results pages.
 BENCH_CPU ?= 0
 BENCH := OMP_NUM_THREADS=1 taskset -c $(BENCH_CPU) $(BIN)/python scripts/bench.py
@@ -162,7 +162,7 @@ bench-test: setup setup-qwen
 		$(TEST_SPLIT) --out runs/bench-smol-test-t0
 	$(BENCH) $(SMOL_DRAFTS) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld,eagle3_sampled \
 		--eagle-sample-k 2 --eagle-sample-width 1 --eagle-sample-depth 4 \
-		--temperature 1 $(TEST_SPLIT) --max-questions 40 --out runs/bench-smol-test-t1
+		--temperature 1 $(TEST_SPLIT) --max-questions 24 --out runs/bench-smol-test-t1
 	$(BENCH) --model $(QWEN) --heads heads/trained/qwen2.5-coder-1.5b-medusa --categories coding \
 		--methods baseline,hf_prompt_lookup,pld,medusa_pld --temperature 0 \
 		--questions data/questions/sharegpt-test.jsonl --max-new-tokens 96 --out runs/bench-qwen-test-coding-t0
