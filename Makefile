@@ -191,7 +191,8 @@ CMP_BUDGET := train.max_steps=120 train.eval_every=40 train.best_by=tau_t0 train
 CMP_BENCH := OMP_NUM_THREADS=1 taskset -c $(CMP_CPU) $(BIN)/python scripts/bench.py \
 	--drafts runs/cmp-eagle3/heads,runs/cmp-dflash/heads $(TEST_SPLIT) --max-questions 24 --experiment dflash-vs-eagle3
 compare-dflash: setup
-	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3.yaml train.output_dir=runs/cmp-eagle3 $(CMP_BUDGET) --resume
+	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3.yaml train.output_dir=runs/cmp-eagle3 $(CMP_BUDGET) \
+		eagle.loss=ce --resume
 	$(CMP_TRAIN) train/dflash.py --config configs/smollm2-135m-dflash.yaml train.output_dir=runs/cmp-dflash $(CMP_BUDGET) \
 		dflash.anchors=64 --resume
 	$(CMP_BENCH) --methods baseline,eagle3,dflash --temperature 0 --out runs/bench-cmp-t0

@@ -53,7 +53,9 @@ class EagleSection:
     init_draft: str | None = None  # start from this saved draft (weights and vocabulary mapping), e.g. more epochs or data
     layer: str | None = None  # llama (no attention bias: what engines load; eagle3's default) | base (eagle1's)
     fc_bias: bool = False  # eagle1: EAGLE's original fc bias (SGLang loads it; vLLM cannot)
-    loss: str = "ce"  # ce | tv | ce+tv: the token loss per step: soft-CE, total variation to the base (1 − T=1 acceptance), or soft-CE + tv_weight·TV
+    # ce | tv | ce+tv: the token loss per step: soft-CE, total variation to the base (1 − T=1 acceptance), or
+    # soft-CE + tv_weight·TV. ce+tv: ahead of ce at T=1 in both seeds tried, level at T=0 (docs/results.md).
+    loss: str = "ce+tv"
     tv_weight: float = 1.0  # the TV term's weight in ce+tv
 
     def validate(self):
