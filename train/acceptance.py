@@ -1,6 +1,7 @@
-"""What chain decoding would accept of a draft's rollouts on held-out answers (pure tensor functions).
+"""What chain decoding would accept of a draft's rollouts on held-out answers (tensor functions, and the held-out
+loop every task's evaluation runs them in: heldout_acceptance).
 
-Every task's evaluation (train/medusa.py, train/eagle.py) rolls its draft out as the chain decoder would from
+Every task's evaluation (train/medusa.py, train/eagle.py, train/dflash.py) rolls its draft out as the chain decoder would from
 held-out answer positions, and hands this module, per chain step j = 1..k, the draft's logits and the base's
 logits at the same place; here they become the engine's acceptance per position:
 
@@ -19,9 +20,12 @@ for that expectation. The draft side is exact: each task rolls its draft out on 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from specheads.data.tokenization import IGNORE_INDEX
+from specheads.train.data_order import heldout_batches
 
 CHUNK = 256  # chain starts scored at once: k × CHUNK × V floats of logits per side
 
@@ -113,3 +117,16 @@ def capped_examples(examples, positions: int):
         if total >= positions:
             return examples[:n]
     return examples
+
+
+def heldout_acceptance(examples, positions: int, k: int, pad_token_id, batch_size: int, accelerator,
+                       counts_of: Callable) -> dict:
+    """The rollout acceptance of a task's draft (acceptance_result) over the held-out examples capped at `positions`
+    answer tokens (capped_examples; 0: {}, no rollout): counts_of(indices, batch) gives one batch's chain counts
+    (2k + 1, chunked_chain_counts), summed here over batches and ranks."""
+    if positions <= 0:
+        return {}
+    accept = torch.zeros(2 * k + 1, dtype=torch.float64, device=accelerator.device)
+    for indices, batch in heldout_batches(capped_examples(examples, positions), pad_token_id, batch_size, accelerator):
+        accept += counts_of(indices, batch).to(accept.device)
+    return acceptance_result(accelerator.reduce(accept, reduction="sum"), k)

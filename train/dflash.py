@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from specheads.data.tokenization import IGNORE_INDEX
 from specheads.heads.dflash import DFlashConfig, DFlashDraft
-from specheads.train.acceptance import acceptance_result, capped_examples, chunked_chain_counts
+from specheads.train.acceptance import chunked_chain_counts, heldout_acceptance
 from specheads.train.cli import train_main
 from specheads.train.config import DataSection, ModelSection, TrainSection
 from specheads.train.data_order import heldout_batches
@@ -220,16 +220,14 @@ class DFlashTask(DraftTask):
                 _, hits = position_losses(*block_logits(draft, base, batch, inputs, anchors))
             counts += hits.to(counts.device)
         result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
-        k = self.cfg.dflash.block_size - 1
-        if self.cfg.train.accept_positions:
-            accept = torch.zeros(2 * k + 1, dtype=torch.float64, device=accelerator.device)
-            for indices, batch in heldout_batches(capped_examples(examples, self.cfg.train.accept_positions),
-                                                  pad_token_id, batch_size, accelerator):
-                inputs, last = source(batch, indices)
-                anchors = choose_anchors(batch["labels"], self.cfg.dflash.anchors, None)
-                with accelerator.autocast():
-                    accept += block_acceptance(draft, base, batch, inputs, last, anchors).to(accept.device)
-            result.update(acceptance_result(accelerator.reduce(accept, reduction="sum"), k))
+        def block_counts(indices, batch):
+            inputs, last = source(batch, indices)
+            anchors = choose_anchors(batch["labels"], self.cfg.dflash.anchors, None)
+            with accelerator.autocast():
+                return block_acceptance(draft, base, batch, inputs, last, anchors)
+
+        result.update(heldout_acceptance(examples, self.cfg.train.accept_positions, self.cfg.dflash.block_size - 1,
+                                         pad_token_id, batch_size, accelerator, block_counts))
         draft.train()
         return result
 

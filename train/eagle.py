@@ -26,8 +26,7 @@ from transformers import DynamicCache
 from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.features import FeatureSource, feature_cache_dir
-from specheads.train.acceptance import (acceptance_result, along_chain, capped_examples, chain_starts,
-                                        chunked_chain_counts)
+from specheads.train.acceptance import along_chain, chain_starts, chunked_chain_counts, heldout_acceptance
 from specheads.train.losses import mix_greedy_target, soft_cross_entropy, total_variation, unrolled_step_mask
 from specheads.train.cli import train_main
 from specheads.train.config import DataSection, ModelSection, TrainSection, check_draft_loss, check_finite
@@ -271,14 +270,13 @@ class EagleTask(DraftTask):
                 _, hits = self._losses(draft, base, batch, inputs, last, steps, 0.0)
             counts += hits.to(counts.device)
         result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
-        if self.cfg.train.accept_positions:
-            accept = torch.zeros(2 * steps + 1, dtype=torch.float64, device=accelerator.device)
-            for indices, batch in heldout_batches(capped_examples(examples, self.cfg.train.accept_positions),
-                                                  pad_token_id, batch_size, accelerator):
-                inputs, last = source(batch, indices)
-                with accelerator.autocast():
-                    accept += rollout_counts(draft, base, batch, inputs, last, steps)
-            result.update(acceptance_result(accelerator.reduce(accept, reduction="sum"), steps))
+        def draft_counts(indices, batch):
+            inputs, last = source(batch, indices)
+            with accelerator.autocast():
+                return rollout_counts(draft, base, batch, inputs, last, steps)
+
+        result.update(heldout_acceptance(examples, self.cfg.train.accept_positions, steps, pad_token_id, batch_size,
+                                         accelerator, draft_counts))
         draft.train()
         return result
 

@@ -29,8 +29,8 @@ from specheads.train.losses import (chunked_medusa_loss, estimated_tau, head_pos
                                     medusa_loss, next_token_positions, select_trained_positions, topk_hits,
                                     total_variation)
 from specheads.train.cli import train_main
-from specheads.train.acceptance import (acceptance_logs, acceptance_result, along_chain, capped_examples,
-                                        chain_starts, chunked_chain_counts, format_acceptance)
+from specheads.train.acceptance import (acceptance_logs, along_chain, chain_starts, chunked_chain_counts,
+                                        format_acceptance, heldout_acceptance)
 from specheads.train.config import DataSection, ModelSection, TrainSection, check_draft_loss
 from specheads.train.data_order import heldout_batches
 from specheads.train.schedule import stages
@@ -268,13 +268,10 @@ class MedusaTask(DraftTask):
             targets = unwrapped.token_to_draft(targets, missing=-1)  # outside the draft vocabulary: a miss
             counts += topk_hits(heads(hidden, base.get_output_embeddings()), targets).to(counts.device)
         result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
-        if self.cfg.train.accept_positions:
-            accept = torch.zeros(2 * num_heads + 1, dtype=torch.float64, device=accelerator.device)
-            for indices, batch in heldout_batches(capped_examples(examples, self.cfg.train.accept_positions),
-                                                  pad_token_id, batch_size, accelerator):
-                states = self.hidden_states(base, batch, indices, "heldout")
-                accept += rollout_counts(heads, unwrapped, states, batch["labels"], base.get_output_embeddings())
-            result.update(acceptance_result(accelerator.reduce(accept, reduction="sum"), num_heads))
+        result.update(heldout_acceptance(
+            examples, self.cfg.train.accept_positions, num_heads, pad_token_id, batch_size, accelerator,
+            lambda indices, batch: rollout_counts(heads, unwrapped, self.hidden_states(base, batch, indices, "heldout"),
+                                                  batch["labels"], base.get_output_embeddings())))
         heads.train()
         return result
 
@@ -343,14 +340,13 @@ class Medusa2Task(MedusaTask):
                 counts += topk_hits(model.heads(hidden, lm_head), targets).to(counts.device)
             lm[2] += lm_targets.numel()
         result = accuracy_result(accelerator.reduce(counts, reduction="sum"))
-        if self.cfg.train.accept_positions:  # the heads on the adapted base, which is what decodes with them
-            accept = torch.zeros(2 * num_heads + 1, dtype=torch.float64, device=accelerator.device)
-            for _, batch in heldout_batches(capped_examples(examples, self.cfg.train.accept_positions),
-                                            pad_token_id, batch_size, accelerator):
-                with accelerator.autocast():
-                    states = model.hidden_states(batch["input_ids"], batch["attention_mask"], adapter=True)
-                    accept += rollout_counts(model.heads, model.heads, states, batch["labels"], lm_head)
-            result.update(acceptance_result(accelerator.reduce(accept, reduction="sum"), num_heads))
+        def adapted_counts(_, batch):  # the heads on the adapted base, which is what decodes with them
+            with accelerator.autocast():
+                states = model.hidden_states(batch["input_ids"], batch["attention_mask"], adapter=True)
+                return rollout_counts(model.heads, model.heads, states, batch["labels"], lm_head)
+
+        result.update(heldout_acceptance(examples, self.cfg.train.accept_positions, num_heads, pad_token_id,
+                                         batch_size, accelerator, adapted_counts))
         model.train()
         before, after, tokens = accelerator.reduce(lm, reduction="sum").tolist()
         result.update(lm_loss_before=before / max(tokens, 1), lm_loss_after=after / max(tokens, 1))
