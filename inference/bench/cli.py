@@ -181,14 +181,14 @@ def main(argv=None):
     layers = model.config.num_hidden_layers
     if {"sps", "hf_assisted"} & set(methods) and args.draft_layers and args.draft_layers > layers:
         raise SystemExit(f"--draft-layers: num_layers must be in 1..{layers}, got {args.draft_layers}")
-    eagle_drafts = load_drafts(args, methods, model)
-    drafts = {m: (model, d) for m, d in eagle_drafts.items()}
+    loaded = load_drafts(args, methods, model)
+    drafts = {m: (model, d) for m, d in loaded.items()}
     drafts.update(heads)
     for m in methods:  # medusa_pld decodes with the `medusa` set, else the first named one
         if m == "medusa_pld":
             drafts[m] = heads.get("medusa") or next(iter(heads.values()))
     # every method, the baseline included, runs on the same (packed or plain) weights
-    prepare_cpu_verify(model, *(m for pair in heads.values() for m in pair), *eagle_drafts.values(),
+    prepare_cpu_verify(model, *(m for pair in heads.values() for m in pair), *loaded.values(),
                        enabled=not args.untuned_cpu)
     command = command_line(argv)
     if args.batch_size:
