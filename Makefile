@@ -188,7 +188,7 @@ tune-sampled: setup
 CMP_CPU ?= 1
 CMP_TRAIN := OMP_NUM_THREADS=1 taskset -c $(CMP_CPU) $(BIN)/python
 CMP_BUDGET := train.max_steps=120 train.eval_every=40 train.best_by=tau_t0 train.save_every=20
-CMP_BENCH := OMP_NUM_THREADS=1 taskset -c $(CMP_CPU) $(BIN)/python scripts/bench.py \
+CMP_BENCH := $(CMP_TRAIN) scripts/bench.py \
 	--drafts runs/cmp-eagle3/heads,runs/cmp-dflash/heads $(TEST_SPLIT) --max-questions 24 --experiment dflash-vs-eagle3
 compare-dflash: setup
 	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3.yaml train.output_dir=runs/cmp-eagle3 $(CMP_BUDGET) \
