@@ -167,10 +167,20 @@ def pick_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
     return DTYPES[name]
 
 
-def load_tokenizer(name_or_path: str):
+def load_tokenizer(name_or_path: str, chat_template: str | None = None, option: str | None = None):
+    """The model's tokenizer (a fast one: assistant labels need its offsets), with `chat_template` (a built-in
+    name, Jinja string or file: data.chat_template) in place of its own. With `option` (the config key or flag
+    that sets the template), a tokenizer left without any template is a ChatTemplateError naming that option."""
     from transformers import AutoTokenizer
 
+    from .chat_templates import missing_template_error, resolve_chat_template
+
+    template = resolve_chat_template(chat_template, option or "chat_template")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    if template is not None:
+        tokenizer.chat_template = template
+    elif option is not None and not tokenizer.chat_template:
+        raise missing_template_error(name_or_path, option)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

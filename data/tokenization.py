@@ -65,6 +65,12 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> T
     # The template already holds any BOS it wants, so no extra special tokens.
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
                          truncation=True, max_length=max_length)
+    if "offset_mapping" not in encoding:  # a slow (Python sentencepiece) tokenizer returns none, silently
+        raise ValueError(
+            f"tokenizer {type(tokenizer).__name__} ({getattr(tokenizer, 'name_or_path', '?')}) gives no offset "
+            "mapping, which assistant-only labels need: load it with AutoTokenizer.from_pretrained (or "
+            "specheads.data.models.load_tokenizer), which builds a fast tokenizer from a sentencepiece "
+            "tokenizer.model (needs the sentencepiece and protobuf packages)")
     labels = []
     span_index = 0
     for token_id, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"]):

@@ -20,6 +20,8 @@ WEIGHTS_NAME = "model.safetensors"
 MEDUSA_MODEL_TYPE = "specheads-medusa"
 EAGLE_MODEL_TYPE = "specheads-eagle"
 DFLASH_MODEL_TYPE = "specheads-dflash"
+# The chat template (Jinja) the heads were trained with, in their config.json: decoding renders prompts with it.
+CHAT_TEMPLATE = "chat_template"
 
 
 def _replace_via_temp(path: Path, write) -> Path:

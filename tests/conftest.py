@@ -42,6 +42,67 @@ def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer):
     return path
 
 
+# Text a Vicuna-like sentencepiece model is trained on: the vicuna_v1.1 system prompt, the roles, and the words
+# of synthetic_sharegpt below, so its pieces cover the test conversations.
+_SP_CORPUS = (
+    "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, detailed, "
+    "and polite answers to the user's questions.\nUSER: Hello! ASSISTANT: Hi there. How are you? Fine, thanks.\n"
+    "Count the words from alpha beta gamma delta omega sigma kappa theta. Name a prime number. Seven is prime.\n"
+    "Explain KV caches briefly. Give three tips for writing clear emails. def main(): return 42 # 0123456789\n")
+
+
+@pytest.fixture(scope="session")
+def vicuna_like_tokenizer_dir(tmp_path_factory):
+    """A real sentencepiece Llama tokenizer laid out as lmsys/vicuna-7b-v1.3 ships its tokenizer: tokenizer.model
+    (BPE with byte fallback, <unk>/<s>/</s> = 0/1/2), tokenizer_config.json naming the slow LlamaTokenizer class,
+    special_tokens_map.json; no tokenizer.json and no chat template."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_SP_CORPUS.splitlines() * 20), model_writer=model, vocab_size=512, model_type="bpe",
+        byte_fallback=True, split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, add_dummy_prefix=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, hard_vocab_limit=False, minloglevel=2)
+    path = tmp_path_factory.mktemp("vicuna-like-tokenizer")
+    (path / "tokenizer.model").write_bytes(model.getvalue())
+
+    def token(content):
+        return {"__type": "AddedToken", "content": content, "lstrip": False, "normalized": True, "rstrip": False,
+                "single_word": False}
+
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": True, "add_eos_token": False, "bos_token": token("<s>"), "eos_token": token("</s>"),
+        "unk_token": token("<unk>"), "clean_up_tokenization_spaces": False, "model_max_length": 2048,
+        "pad_token": None, "padding_side": "right", "sp_model_kwargs": {}, "tokenizer_class": "LlamaTokenizer"}))
+    (path / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": token("<s>"), "eos_token": token("</s>"), "unk_token": token("<unk>")}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_vicuna_dir(tmp_path_factory, vicuna_like_tokenizer_dir):
+    """A 2-layer random Llama sized to the Vicuna-like tokenizer, in a folder shaped like lmsys/vicuna-7b-v1.3's
+    (the tokenizer's own files copied as they are: no chat template anywhere)."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specheads.data.models import load_tokenizer
+
+    vocab = len(load_tokenizer(str(vicuna_like_tokenizer_dir)))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    path = tmp_path_factory.mktemp("tiny-vicuna")
+    LlamaForCausalLM(config).save_pretrained(path)
+    for file in vicuna_like_tokenizer_dir.iterdir():
+        shutil.copy(file, path / file.name)
+    return path
+
+
 def write_jsonl(path, records):
     with open(path, "w") as f:
         for record in records:

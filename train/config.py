@@ -164,8 +164,14 @@ class DataSection:
     split_seed: int = 0
     max_train_conversations: int | None = None
     max_heldout_eval: int | None = None  # evaluate on the first N held-out conversations
+    # The prompt format, for tokenizers that ship none (Vicuna) or to override theirs: a built-in name
+    # (data/chat_templates.py: vicuna_v1.1, llama-2, chatml, zephyr, alpaca), a Jinja string or a file.
+    chat_template: str | None = None
 
     def validate(self):
+        from specheads.data.chat_templates import resolve_chat_template
+
+        resolve_chat_template(self.chat_template, "data.chat_template")  # a wrong name stops before any weights load
         if self.max_length < 8:
             raise ValueError(f"data.max_length must be >= 8, got {self.max_length}")
         if self.heldout_size < 1:

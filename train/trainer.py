@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.data.tokenization import pad_batch
-from specheads.heads.files import write_text
+from specheads.heads.files import CHAT_TEMPLATE, write_text
 from specheads.heads.fingerprint import KEY as FINGERPRINT
 from specheads.heads.fingerprint import base_fingerprint
 from specheads.train.checkpoint import CheckpointWriteError, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -122,7 +122,7 @@ class Trainer:
         from accelerate.utils import set_seed
 
         set_seed(self.cfg.train.seed)
-        self.tokenizer = load_tokenizer(self.cfg.model.name)
+        self.tokenizer = load_tokenizer(self.cfg.model.name, self.cfg.data.chat_template, option="data.chat_template")
         self.base = load_base_model(self.cfg.model.name, self.cfg.model.dtype, self.accelerator.device)
         self.fingerprint = base_fingerprint(self.base)  # before DeepSpeed may partition it; saved with the heads
         self.base.requires_grad_(False)
@@ -309,7 +309,8 @@ class Trainer:
         if self.main:
             final, fresh, old = best_folders(self.out)
             shutil.rmtree(fresh, ignore_errors=True)
-            extra = {**self.task.final_extra(result), FINGERPRINT: self.fingerprint, "best": self.best}
+            extra = {**self.task.final_extra(result), FINGERPRINT: self.fingerprint,
+                     CHAT_TEMPLATE: self.tokenizer.chat_template, "best": self.best}
             self.accelerator.unwrap_model(self.module).save_pretrained(fresh, extra=extra, state_dict=full_state)
             if final.exists():
                 os.replace(final, old)
@@ -351,7 +352,8 @@ class Trainer:
     def save_heads(self, directory: Path, result: dict) -> None:
         full_state = gathered_state_dict(self.accelerator, self.module)
         if self.main:
-            extra = {**self.task.final_extra(result), FINGERPRINT: self.fingerprint}
+            extra = {**self.task.final_extra(result), FINGERPRINT: self.fingerprint,
+                     CHAT_TEMPLATE: self.tokenizer.chat_template}
             self.accelerator.unwrap_model(self.module).save_pretrained(directory / "heads", extra=extra,
                                                                        state_dict=full_state)
             write_text(directory / "eval.json", json.dumps(result, indent=2))
