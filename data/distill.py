@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specheads.data.models import load_base_model, load_tokenizer
+from specheads.data.models import add_device_arguments, load_base_model, load_tokenizer
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.questions import base_id
 from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
@@ -56,7 +56,10 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=positive_int, default=16)
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=top_p, default=1.0)
-    parser.add_argument("--dtype", default="auto")
+    add_device_arguments(parser)  # --device (auto: a GPU when there is one), --dtype, --device-map
+    parser.add_argument("--chat-template", default=None,
+                        help="prompt format, as the training will use it (data.chat_template): a built-in name, "
+                             "Jinja string or file; needed for a tokenizer that ships none (Vicuna)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -160,9 +163,12 @@ def main(argv=None):
     if args.split != "all":
         train, heldout = split_heldout(conversations, args.heldout_size, args.split_seed)
         conversations = train if args.split == "train" else heldout
-    tokenizer = load_tokenizer(args.model)
+    try:
+        tokenizer = load_tokenizer(args.model, args.chat_template, option="--chat-template")
+    except ValueError as err:
+        raise SystemExit(f"self_distill.py: {err}") from err
     tokenizer.padding_side = "left"
-    model = load_base_model(args.model, args.dtype)
+    model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
     eos = eos_token_ids(model, tokenizer)
 
     todo = work_list(conversations, tokenizer, args.max_turns, args.max_prompt_tokens,

@@ -186,10 +186,61 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None, option: 
     return tokenizer
 
 
-def load_base_model(name_or_path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"):
-    """Load a causal LM for drafting/verification: eval mode, on `device`, in `dtype`."""
+DEVICES = "auto, cpu, cuda, cuda:N, mps"
+
+
+class DeviceError(ValueError):
+    """A device that is not a device name, or that this machine does not have."""
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """`auto`: the first CUDA GPU, else Apple's MPS, else the CPU; any other name is checked to exist here."""
+    if isinstance(name, torch.device):
+        return name
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise DeviceError(f"unknown device {name!r}; expected one of {DEVICES}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {name!r}: no CUDA GPU is visible (torch {torch.__version__}, "
+                              f"CUDA build: {torch.version.cuda or 'no'}); use --device cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceError(f"device {name!r}: only {torch.cuda.device_count()} CUDA GPU(s) visible")
+    elif device.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise DeviceError(f"device {name!r}: MPS is not available here; use --device cpu or auto")
+    elif device.type != "cpu":
+        raise DeviceError(f"unknown device {name!r}; expected one of {DEVICES}")
+    return device
+
+
+def add_device_arguments(parser, dtype_default: str = "auto") -> None:
+    """--device, --dtype and --device-map, the same in every command line that loads a base model."""
+    parser.add_argument("--device", default="auto", help=f"{DEVICES} (auto: a GPU when there is one)")
+    parser.add_argument("--dtype", default=dtype_default, choices=["auto", *DTYPES],
+                        help="the base's dtype (auto: bf16 on GPUs and bf16-capable CPUs, else fp32)")
+    parser.add_argument("--device-map", default=None,
+                        help="spread a base larger than one GPU over several (transformers' device_map, e.g. "
+                             "auto); --device then only picks the dtype")
+
+
+def load_base_model(name_or_path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
+                    device_map: str | dict | None = None):
+    """Load a causal LM for drafting/verification: eval mode, on `device` (auto: a GPU when there is one), in
+    `dtype`; with `device_map`, spread over devices by transformers/accelerate instead."""
     from transformers import AutoModelForCausalLM
 
+    device = resolve_device(device)
     torch_dtype = dtype if isinstance(dtype, torch.dtype) else pick_dtype(dtype, device)
+    if device_map is not None:
+        return AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype,
+                                                    device_map=device_map).eval()
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype)
     return model.to(device).eval()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specheads.data.models import add_device_arguments
 from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.cpu_verify import add_untuned_cpu_argument
 from specheads.inference.decoder import SamplingConfig
@@ -35,7 +36,10 @@ def parse_args(argv):
                         help="also draft by copying from the conversation (prompt lookup, trusted by match length; "
                              "bench.py's medusa_pld); with --no-heads, prompt lookup alone")
     add_method_arguments(parser)  # --tree, --eagle-top-k ..., --pld-*: the same flags as bench.py's
-    parser.add_argument("--dtype", default="auto", help="auto | bf16 | fp32")
+    add_device_arguments(parser)  # --device (auto: a GPU when there is one), --dtype, --device-map
+    parser.add_argument("--chat-template", default=None,
+                        help="prompt format: a built-in name (vicuna_v1.1, llama-2, chatml, zephyr, alpaca), a Jinja "
+                             "string or file; default: the one stored with the heads, else the tokenizer's")
     add_untuned_cpu_argument(parser)
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass, in (0, 1]")
@@ -62,7 +66,9 @@ def load_generator(args) -> SpeculativeGenerator:
         raise SystemExit(f"chat.py: {err}") from err
     try:
         return SpeculativeGenerator.from_pretrained(args.model, heads, args.dtype, prompt_lookup=args.prompt_lookup,
-                                                    cpu_tuning=not args.untuned_cpu, options=options)
+                                                    cpu_tuning=not args.untuned_cpu, options=options,
+                                                    device=args.device, device_map=args.device_map,
+                                                    chat_template=args.chat_template)
     except TreeError as err:  # a tree these heads cannot fill (too deep, ranks beyond their vocabulary)
         raise SystemExit(f"--tree: {err}" if options.tree is not None else f"the tree stored in {heads}: {err}") from err
     except (FileNotFoundError, ValueError) as err:  # a missing or damaged model or heads folder: the error names it

@@ -12,8 +12,13 @@ from typing import Generator, Iterator
 
 import torch
 
+import json
+import warnings
+from pathlib import Path
+
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import load_heads
+from specheads.heads.files import CHAT_TEMPLATE, CONFIG_NAME
 from specheads.heads.joint import load_adapted_base
 
 from .cpu_verify import prepare_cpu_verify
@@ -41,6 +46,34 @@ def eos_token_ids(model, tokenizer) -> list[int]:
         elif value:
             ids.update(value)
     return sorted(ids)
+
+
+def stored_chat_template(heads) -> str | None:
+    """The chat template stored with a draft (data.chat_template at training): from a loaded draft, or from a heads
+    folder's config.json without loading its weights."""
+    if heads is None:
+        return None
+    if not isinstance(heads, (str, Path)):
+        return (getattr(heads, "extra_config", None) or {}).get(CHAT_TEMPLATE)
+    config = Path(heads) / CONFIG_NAME
+    try:
+        value = json.loads(config.read_text()).get(CHAT_TEMPLATE) if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None  # loading the heads names what is wrong with the folder
+    return value if isinstance(value, str) else None
+
+
+def chat_tokenizer(model: str, heads=None, chat_template: str | None = None, option: str = "--chat-template"):
+    """The base's tokenizer rendering prompts as the draft was trained to read them: `chat_template` (a built-in
+    name, Jinja string or file) if given, else the template stored with the heads (a folder or a loaded draft),
+    else the tokenizer's own; none at all is a ChatTemplateError naming `option`."""
+    from specheads.data.chat_templates import resolve_chat_template
+
+    stored = stored_chat_template(heads)
+    if chat_template is not None and stored and resolve_chat_template(chat_template, option) != stored:
+        warnings.warn(f"{option} differs from the chat template the draft was trained with: its acceptance will "
+                      "suffer (train and decode with the same template)", stacklevel=2)
+    return load_tokenizer(model, chat_template if chat_template is not None else stored, option=option)
 
 
 def chat_input_ids(tokenizer, messages: list[dict] | str) -> torch.Tensor:
@@ -97,16 +130,21 @@ class SpeculativeGenerator:
 
     @classmethod
     def from_pretrained(cls, model: str = "smollm2-135m-instruct", heads: str | None = None,
-                        dtype: str = "auto", tree=None, device: str = "cpu",
+                        dtype: str = "auto", tree=None, device: str = "auto",
                         eagle_tree: dict | None = None, prompt_lookup: bool = False,
-                        cpu_tuning: bool = True, options: MethodOptions | None = None) -> "SpeculativeGenerator":
-        """cpu_tuning: CPU verify tuning (inference/cpu_verify.py: packed fp32/bf16 linears, SDPA GQA)."""
-        base = load_base_model(model, dtype, device)
+                        cpu_tuning: bool = True, options: MethodOptions | None = None,
+                        chat_template: str | None = None, device_map: str | dict | None = None,
+                        ) -> "SpeculativeGenerator":
+        """device: auto (a GPU when there is one) | cpu | cuda | cuda:N | mps; device_map: a base spread over
+        several GPUs (transformers' device_map). chat_template: see chat_tokenizer (default: the heads' own).
+        cpu_tuning: CPU verify tuning (inference/cpu_verify.py: packed fp32/bf16 linears, SDPA GQA; CPU only)."""
+        tokenizer = chat_tokenizer(model, heads, chat_template)  # a missing template stops before any weights load
+        base = load_base_model(model, dtype, device, device_map=device_map)
         if heads:  # Medusa-2 heads carry the LoRA adapter they were trained with: fold it into the base
             base = load_adapted_base(base, heads)
         draft = load_heads(heads, base) if heads else None
         prepare_cpu_verify(base, draft, enabled=cpu_tuning)
-        return cls(base, load_tokenizer(model), draft, tree, eagle_tree, prompt_lookup, options)
+        return cls(base, tokenizer, draft, tree, eagle_tree, prompt_lookup, options)
 
     @property
     def stats(self) -> DecodeStats:

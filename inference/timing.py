@@ -9,6 +9,17 @@ from __future__ import annotations
 
 import time
 
+import torch
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (GPUs run kernels asynchronously), so a timer reads the work, not its launch."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
 
 def interleaved_speeds(decoders: dict, prompts, max_new_tokens: int, eos_token_ids=(), warmup_tokens: int = 16) -> dict:
     """{name: (tokens/s, τ)} of TreeDecoders over the prompts.

@@ -38,12 +38,13 @@ import argparse
 import json
 import sys
 
-from specheads.data.models import load_base_model, load_tokenizer
+from specheads.data.models import add_device_arguments, load_base_model
 from specheads.heads import load_heads
 from specheads.heads.joint import adapter_of, load_adapted_base
 from specheads.heads.loading import load_medusa_heads
 from specheads.inference.cli import float_in, non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
+from specheads.inference.generate import chat_tokenizer
 from specheads.inference.methods import METHODS, add_method_arguments, draft_kind, options_from_args
 from specheads.inference.tree import TreeError, check_tree_fits
 
@@ -72,7 +73,10 @@ def parse_args(argv=None):
                         help="comma-separated: answer only questions of these categories (e.g. coding)")
     parser.add_argument("--skip-questions", type=non_negative_int, default=0,
                         help="start after this many questions of the file (e.g. a second, untuned half)")
-    parser.add_argument("--dtype", default="auto")
+    add_device_arguments(parser)  # --device (auto: a GPU when there is one), --dtype, --device-map
+    parser.add_argument("--chat-template", default=None,
+                        help="prompt format (built-in name, Jinja string or file); default: the one stored with the "
+                             "first --heads / --drafts folder, else the tokenizer's")
     add_untuned_cpu_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     add_method_arguments(parser)  # --tree, --eagle-*, --pld-*, --draft-layers, --gamma, --lookahead-*: as chat.py
@@ -157,12 +161,14 @@ def main(argv=None):
         questions = load_questions(args.questions, args.max_questions, args.skip_questions, args.categories)
     except ValueError as err:
         raise SystemExit(f"--questions: {err}") from err
-    tokenizer = load_tokenizer(args.model)
-    model = load_base_model(args.model, args.dtype)
+    first_draft = next(iter(parse_heads_sets(args.heads).values()), None) or (args.eagle_heads or "").split(",")[0]
+    tokenizer = chat_tokenizer(args.model, first_draft or None, args.chat_template)
+    model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
     heads = {}  # bench method -> (the model it decodes on, its Medusa heads)
     if any(METHODS[m].draft == "medusa" for m in methods):
         for method, directory in parse_heads_sets(args.heads).items():
-            target = load_adapted_base(load_base_model(args.model, args.dtype), directory) if adapter_of(directory) else model
+            target = (load_adapted_base(load_base_model(args.model, args.dtype, args.device, device_map=args.device_map),
+                                        directory) if adapter_of(directory) else model)
             heads[method] = (target, load_medusa_heads(directory, base_model=target))
         if "medusa" in methods and "medusa" not in heads:  # `medusa` stands for every named set
             methods = [n for m in methods for n in (heads if m == "medusa" else [m])]

@@ -18,6 +18,7 @@ from specheads.inference.batched import BatchedTreeDecoder, left_pad
 from specheads.inference.cpu_verify import stock_linears
 from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
+from specheads.inference.timing import synchronize
 from specheads.inference.methods import METHODS, Context, MethodOptions, build_source
 
 from .report import NOISE_BOUND, machine_noise, run_header, summarise
@@ -47,8 +48,10 @@ class Probe:
         times = []
         with torch.inference_mode():
             for _ in range(self.repeats):
+                synchronize(self.model.device)
                 start = time.perf_counter()
                 self.model(self.ids, use_cache=False)
+                synchronize(self.model.device)
                 times.append(time.perf_counter() - start)
         self.seconds.append(sorted(times)[len(times) // 2])  # the median: one preempted call is not the machine
 

@@ -15,14 +15,14 @@ import argparse
 import json
 from pathlib import Path
 
-from specheads.data.models import load_base_model, load_tokenizer
+from specheads.data.models import add_device_arguments, load_base_model
 from specheads.heads.files import update_config
 from specheads.heads import EagleDraft, load_heads
 from specheads.inference.cli import positive_int
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.eagle import check_tree_settings
 from specheads.inference.methods import MethodOptions, build_decoder, method_for
-from specheads.inference.generate import chat_input_ids, eos_token_ids
+from specheads.inference.generate import chat_input_ids, chat_tokenizer, eos_token_ids
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
 from specheads.inference.timing import interleaved_speeds
 
@@ -52,7 +52,8 @@ def parse_args(argv=None):
     parser.add_argument("--questions", default="data/questions/sharegpt-dev.jsonl")
     parser.add_argument("--prompts", type=positive_int, default=6, help="dev prompts to time (the last ones of the file)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=96)
-    parser.add_argument("--dtype", default="auto")
+    add_device_arguments(parser)  # --device (auto: a GPU when there is one), --dtype, --device-map
+    parser.add_argument("--chat-template", default=None, help="prompt format; default: the one stored with the heads")
     add_untuned_cpu_argument(parser)
     parser.add_argument("--shapes", default=None,
                         help="candidate shapes top_k,depth,total_tokens[,min_prob] separated by ';' (default: %s)"
@@ -72,8 +73,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    model = load_base_model(args.model, args.dtype)
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = chat_tokenizer(args.model, args.heads, args.chat_template)
+    model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
     draft = load_heads(args.heads, model)
     if not isinstance(draft, EagleDraft):
         raise SystemExit(f"{args.heads} holds Medusa heads: use scripts/build_tree.py for those")

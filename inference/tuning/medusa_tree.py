@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specheads.data.models import load_base_model, load_tokenizer
+from specheads.data.models import add_device_arguments, load_base_model
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.heads import MedusaHeads
 from specheads.heads.files import update_config
@@ -37,8 +37,8 @@ from specheads.inference.methods import MethodOptions, build_decoder
 from specheads.inference.cli import non_negative_int, positive_int
 from specheads.inference.kv_cache import cache_argument_name
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
-from specheads.inference.generate import chat_input_ids, eos_token_ids
-from specheads.inference.timing import interleaved_speeds
+from specheads.inference.generate import chat_input_ids, chat_tokenizer, eos_token_ids
+from specheads.inference.timing import interleaved_speeds, synchronize
 from specheads.inference.tree import path_frequencies, tree_from_path_frequencies
 
 
@@ -46,7 +46,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", required=True)
     parser.add_argument("--model", default=None, help="default: the base the heads were trained on")
-    parser.add_argument("--dtype", default="auto")
+    add_device_arguments(parser)  # --device (auto: a GPU when there is one), --dtype, --device-map
+    parser.add_argument("--chat-template", default=None, help="prompt format; default: the one stored with the heads")
     add_untuned_cpu_argument(parser)
     parser.add_argument("--dataset", default="sharegpt")
     parser.add_argument("--heldout-size", type=positive_int, default=200, help="same split as training (data.heldout_size)")
@@ -103,15 +104,19 @@ def step_costs(base, heads, budgets, prefix_length: int, repeats: int = 7) -> tu
             cache = DynamicCache(config=base.config)
             base(prefix, use_cache=True, **{cache_argument: cache})
             new = torch.randint(100, 1000, (1, n), device=device)
+            synchronize(device)
             start = time.perf_counter()
             base(new, use_cache=True, output_hidden_states=True, **{cache_argument: cache})
+            synchronize(device)
             samples.append(time.perf_counter() - start)
         times[n] = statistics.median(samples)
     hidden = torch.randn(1, base.config.hidden_size, dtype=base.dtype, device=device)
     head_samples = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         heads(hidden, base.get_output_embeddings()).topk(10, dim=-1)
+        synchronize(device)
         head_samples.append(time.perf_counter() - start)
     return times, statistics.median(head_samples)
 
@@ -126,8 +131,9 @@ def main(argv=None) -> dict:
     heads_dir = Path(args.heads)
     config, _ = MedusaHeads.read_config(heads_dir)
     model_name = args.model or config.base_model_name_or_path
-    tokenizer = load_tokenizer(model_name)
-    base = load_adapted_base(load_base_model(model_name, args.dtype), heads_dir)  # Medusa-2: its LoRA folded in
+    tokenizer = chat_tokenizer(model_name, heads_dir, args.chat_template)
+    base = load_adapted_base(load_base_model(model_name, args.dtype, args.device, device_map=args.device_map),
+                             heads_dir)  # Medusa-2: its LoRA folded in
     heads = MedusaHeads.from_pretrained(heads_dir, base_model=base).to(base.dtype)
     prepare_cpu_verify(base, heads, enabled=not args.untuned_cpu)
 
