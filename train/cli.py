@@ -15,6 +15,7 @@ def train_main(config_class, make_task, argv, description: str, trainer_class=No
     # allocation, so before the model loads).
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+    from specheads.data.chat_templates import ChatTemplateError
     from specheads.data.sharegpt import DataFileError
     from specheads.train.checkpoint import CheckpointWriteError
     from specheads.train.config import ConfigError, load_config
@@ -32,7 +33,8 @@ def train_main(config_class, make_task, argv, description: str, trainer_class=No
         return 2
     try:
         (trainer_class or Trainer)(cfg, make_task, resume=args.resume).run()
-    except (CheckpointWriteError, DataFileError, FileNotFoundError) as err:  # each names its file (and line)
+    except (CheckpointWriteError, DataFileError, FileNotFoundError, ChatTemplateError) as err:  # each names its file,
+        # line or option
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
