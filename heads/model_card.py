@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from .eagle import EagleDraft
-from .files import EAGLE_MODEL_TYPE
+from .files import CHAT_TEMPLATE, EAGLE_MODEL_TYPE
 from .formats.common import HUB_ID, hub_base_model
 from .loading import folder_kind
 from .medusa import MedusaHeads
@@ -138,6 +138,21 @@ def _data_section(train_config: dict | None) -> list[str]:
             f"of {data.get('heldout_size')} conversations (seed {data.get('split_seed')}) for evaluation."]
 
 
+def _prompt_section(template: str | None) -> list[str]:
+    """The chat template the heads were trained with (data.chat_template): decoding must render prompts the same."""
+    if not template:
+        return ["Trained on prompts rendered with the base tokenizer's own chat template."]
+    from specheads.data.chat_templates import builtin_name
+
+    name = builtin_name(template)
+    lines = [f"Trained on prompts rendered with the `{name}` chat template (specheads' built-in, "
+             f"`data.chat_template: {name}`)" if name else "Trained on prompts rendered with this chat template",
+             "; it is stored in config.json (`chat_template`), and specheads' chat, bench and self-distillation use "
+             "it. A server must render prompts the same way (vLLM: `--chat-template` with this text):", "",
+             "```jinja", template, "```"]
+    return [lines[0] + lines[1], *lines[2:]]
+
+
 def _eagle_tree_section(settings: dict | None) -> list[str]:
     if not settings:
         return ["No tree settings were stored with this draft; the decoder uses EAGLE-2's defaults."]
@@ -208,6 +223,10 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
         "",
         f"`{config.base_model_name_or_path}`" + (f" (Hugging Face: `{base_id}`)" if base_id and base_id !=
                                                   config.base_model_name_or_path else "") + f"; {sizes}",
+        "",
+        "## Prompt format",
+        "",
+        *_prompt_section(extra.get(CHAT_TEMPLATE)),
         "",
         "## Usage",
         "",

@@ -83,7 +83,8 @@ def vicuna_like_tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_vicuna_dir(tmp_path_factory, vicuna_like_tokenizer_dir):
-    """A 2-layer random Llama sized to the Vicuna-like tokenizer, in a folder shaped like lmsys/vicuna-7b-v1.3's
+    """An 8-layer random Llama (EAGLE-3 taps the states entering layers 2, 4 and 5) sized to the Vicuna-like
+    tokenizer, in a folder shaped like lmsys/vicuna-7b-v1.3's
     (the tokenizer's own files copied as they are: no chat template anywhere)."""
     import shutil
 
@@ -93,7 +94,7 @@ def tiny_vicuna_dir(tmp_path_factory, vicuna_like_tokenizer_dir):
 
     vocab = len(load_tokenizer(str(vicuna_like_tokenizer_dir)))
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                          tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
     path = tmp_path_factory.mktemp("tiny-vicuna")
