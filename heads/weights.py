@@ -1,9 +1,11 @@
 """Read weight files without running anyone's code.
 
 A pickle (`.bin`, `.pt`, ...) can execute arbitrary code when loaded, so specheads reads
-safetensors everywhere and accepts a pickle in exactly one place: FasterDecoding/Medusa's
-`medusa_lm_head.pt`, and then only through `torch.load(weights_only=True)`. Every error
-names the file, so a truncated download or a damaged header is found at once.
+safetensors everywhere and accepts a pickle only where a published layout ships one, under that
+layout's own file name: FasterDecoding/Medusa's `medusa_lm_head.pt` and the EAGLE authors'
+`pytorch_model.bin` (read by heads/formats/faster_decoding.py and eagle_repo.py), and then only
+through `torch.load(weights_only=True)`. specheads' own folders and every other name are refused.
+Every error names the file, so a truncated download or a damaged header is found at once.
 """
 
 from __future__ import annotations
@@ -68,3 +70,17 @@ def read_folder_safetensors(directory: str | Path, name: str, device: str = "cpu
     if not path.is_file() and Path(directory).is_dir():
         refuse_pickles(directory, name)
     return read_safetensors(path, device=device)
+
+
+def read_folder_weights(directory: str | Path, name: str, pickle_name: str | None = None,
+                        device: str = "cpu") -> tuple[Path, dict[str, torch.Tensor]]:
+    """(path, tensors) of `name` (safetensors) in `directory`, else of the published pickle `pickle_name`
+    read weights-only; any other pickle is refused, and a folder with neither is an error naming both."""
+    directory = Path(directory)
+    if (directory / name).is_file() or pickle_name is None:
+        return directory / name, read_folder_safetensors(directory, name, device=device)
+    if (directory / pickle_name).is_file():
+        return directory / pickle_name, read_pickle_weights_only(directory / pickle_name)
+    if directory.is_dir():
+        refuse_pickles(directory, name)
+    raise FileNotFoundError(f"{directory}: neither {name} nor {pickle_name} found")

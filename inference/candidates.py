@@ -14,11 +14,12 @@ the base model chose last) together with that tree's buffers. Sources:
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 
 from .source import CandidateSource, follows_features
-from .tree import TreeBuffers, build_tree_buffers, chain_tree, check_tree_fits
+from .tree import TreeBuffers, build_tree_buffers, chain_tree, check_tree_fits, default_medusa_tree
 
 
 class NoCandidates(CandidateSource):
@@ -46,12 +47,15 @@ class MedusaCandidates(CandidateSource):
 
     @classmethod
     def for_model(cls, model, heads, tree=None) -> "MedusaCandidates":
-        """The heads on the model's device and dtype with `tree`, else the tree stored with the heads."""
+        """The heads on the model's device and dtype with `tree`, else the tree stored with the heads, else (heads
+        that carry none, e.g. a published FasterDecoding folder) Medusa's default cut to their heads, with a warning."""
         if tree is None:
             tree = (getattr(heads, "extra_config", None) or {}).get("tree")
             if tree is None:
-                raise ValueError("no tree given and the heads folder holds none: pass tree= / --tree "
-                                 "(see scripts/build_tree.py)")
+                tree = default_medusa_tree(heads.config.num_heads, heads.config.projected_vocab_size)
+                warnings.warn(f"the heads carry no tree: using Medusa's default (mc_sim_7b_63) cut to their "
+                              f"{heads.config.num_heads} heads, {len(tree)} nodes; pass tree= / --tree, or build one "
+                              f"for them with scripts/build_tree.py", stacklevel=2)
         heads.to(device=model.device, dtype=model.dtype).eval()
         return cls(heads, tree, model.get_output_embeddings(), model.device)
 

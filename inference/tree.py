@@ -128,6 +128,24 @@ def build_tree_buffers(paths, num_heads: int, top_k: int) -> TreeBuffers:
     return TreeBuffers(tree, top_k, attention_mask, depths, candidate_index, retrieve, parent)
 
 
+# FasterDecoding/Medusa's default tree, `mc_sim_7b_63` (medusa/model/medusa_choices.py): 63 nodes, depth 4, top-10.
+MEDUSA_DEFAULT_TREE: Tree = [tuple(p) for p in (
+    [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1],
+    [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0],
+    [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6],
+    [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2],
+    [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1],
+    [1, 6], [0, 7, 0])]
+
+
+def default_medusa_tree(num_heads: int, vocab_size: int | None = None) -> Tree:
+    """The tree for heads that carry none: Medusa's default (MEDUSA_DEFAULT_TREE, what its code falls back to),
+    cut to the paths `num_heads` heads can fill (depth <= heads, ranks < vocabulary). Cutting keeps every
+    ancestor: a parent is shorter than its child and its ranks are among the child's."""
+    return [path for path in MEDUSA_DEFAULT_TREE
+            if len(path) <= num_heads and (vocab_size is None or max(path) < vocab_size)]
+
+
 def chain_tree(depth: int) -> Tree:
     """Top-1 of each head, one after another."""
     return [tuple([0] * d) for d in range(1, depth + 1)]

@@ -12,6 +12,13 @@ One module per format (or per engine loader family), each holding its export and
 | `sglang-eagle3`   | sglang.py          | EAGLE-3 draft          | SGLang (`EAGLE3`)                    |
 | `vllm-dflash`     | vllm_dflash.py     | DFlash block drafter   | vLLM (`method: dflash`)              |
 | `merged`          | merged.py          | Medusa-2 base + heads  | anything that loads an HF model      |
+| `eagle-repo`      | eagle_repo.py      | EAGLE-1 draft (read)   | the EAGLE authors' code (yuhuili/EAGLE-*)  |
+| `eagle3-repo`     | eagle_repo.py      | EAGLE-3 draft (read)   | the EAGLE authors' code (yuhuili/EAGLE3-*) |
+
+Published drafts import through these readers too (docs/formats.md): FasterDecoding's medusa_lm_head.pt, the EAGLE
+authors' pytorch_model.bin folders (eagle_repo), SpecForge's LlamaForCausalLMEagle3 output (sglang-eagle3),
+speculators' eagle3 folders (vllm-eagle3) and z-lab's DFlash drafters (vllm-dflash). A format with `WRITES = False`
+is read only: heads.export.EXPORTS leaves it out.
 
 `FORMATS` is the registry; every entry satisfies `Format`. The models (heads/medusa.py, heads/eagle.py) never
 import this package; heads/loading.py and heads/export.py are its users.
@@ -22,7 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from . import faster_decoding, merged, sglang, speculators, vllm_dflash, vllm_eagle, vllm_medusa
+from . import eagle_repo, faster_decoding, merged, sglang, speculators, vllm_dflash, vllm_eagle, vllm_medusa
 
 
 @runtime_checkable
@@ -50,8 +57,8 @@ class _Module:
 
 FORMATS: dict[str, Format] = {
     fmt.NAME: fmt for fmt in (
-        _Module(vllm_medusa), _Module(faster_decoding), vllm_eagle.FORMAT, speculators.FORMAT, *sglang.FORMATS,
-        _Module(merged), _Module(vllm_dflash))}
+        _Module(vllm_medusa), _Module(faster_decoding), *eagle_repo.FORMATS, vllm_eagle.FORMAT, speculators.FORMAT,
+        *sglang.FORMATS, _Module(merged), _Module(vllm_dflash))}
 # EAGLE format -> the draft variant it carries
 EAGLE_FORMATS = {name: fmt.KIND for name, fmt in FORMATS.items() if fmt.KIND.startswith("eagle")}
 

@@ -12,13 +12,14 @@ model_type) so that `load` rebuilds the same EagleDraft.
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import torch
 
-from ..eagle import EagleConfig, EagleDraft
+from ..eagle import EagleConfig, EagleDraft, default_aux_layers
 from ..files import WEIGHTS_NAME, read_json_config, write_folder
-from ..weights import read_folder_safetensors
+from ..weights import read_folder_safetensors, read_folder_weights
 from .common import hub_base_model, prepare_out_dir
 
 SPECULATIVE_TOKENS = 5
@@ -31,7 +32,10 @@ LAYER_TENSOR = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.(
                           r"|(input_layernorm|post_attention_layernorm)\.weight")
 # Keys of an exported Llama-style config that are not the layer's own.
 EXPORT_ONLY_KEYS = {"bias", "draft_vocab_size", "eagle_config", "specheads", "base_model_name_or_path",
-                    "architectures", "torch_dtype", "attention_bias", "qkv_bias", "mlp_bias"}
+                    "architectures", "torch_dtype", "attention_bias", "qkv_bias", "mlp_bias", "target_hidden_size"}
+# Tensors published drafts carry that an EagleDraft does not hold: the base's own embeddings (specheads always
+# embeds with the base's, as the engines do when a draft has none) and a rotary cache recomputed from the config.
+UNUSED_TENSORS = re.compile(r"(model\.)?embed_tokens\.weight|(layers\.0\.|midlayer\.)self_attn\.rotary_emb\.inv_freq")
 
 
 def load_draft(directory: str | Path) -> EagleDraft:
@@ -132,8 +136,9 @@ class EagleLayout:
     def to_config(self, draft: EagleDraft, model: str | None) -> dict:
         raise NotImplementedError
 
-    def config_back(self, raw: dict, path: Path, fc_bias: bool) -> EagleConfig:
-        """The EagleConfig an exported config.json describes."""
+    def config_back(self, raw: dict, path: Path, fc_bias: bool, base_config=None) -> EagleConfig:
+        """The EagleConfig an exported config.json describes (base_config: the base's, where the folder leaves
+        something to it, such as EAGLE-3's default aux layers)."""
         raise NotImplementedError
 
     def exported_name(self, name: str) -> str:
@@ -155,6 +160,8 @@ class EagleLayout:
 
     def fc_bias(self, raw: dict, state: dict) -> bool:
         return "fc.bias" in state
+
+    PICKLE_NAME: str | None = None  # the published pickle this layout ships instead of model.safetensors, if any
 
     # ---- both directions, the same for every layout ---------------------------------------------------
 
@@ -195,27 +202,104 @@ class EagleLayout:
         return write_folder(out_dir, config, tensors)
 
     def load(self, directory, base_model=None) -> EagleDraft:
-        """A folder written in this format -> the EagleDraft it holds."""
+        """A folder written in this format -> the EagleDraft it holds. Tensors the draft does not hold are named:
+        the base's embeddings and rotary caches in a warning (the base's are used), anything else in an error."""
         directory = Path(directory)
         path, raw = read_json_config(directory, what="exported EAGLE draft")
-        state = read_folder_safetensors(directory, WEIGHTS_NAME)
-        draft = EagleDraft(self.config_back(raw, path, fc_bias=bool(self.fc_bias(raw, state))))
+        weights_path, state = read_folder_weights(directory, WEIGHTS_NAME, self.PICKLE_NAME)
+        state = drop_unused(state, weights_path, base_model)
+        base_config = getattr(base_model, "config", None)
+        draft = EagleDraft(self.config_back(raw, path, fc_bias=bool(self.fc_bias(raw, state)), base_config=base_config))
         if "fc.weight" in state:
             draft.to(state["fc.weight"].dtype)  # keep the file's precision (float buffers d2t/t2d are not float)
+        if draft.config.variant == "eagle3":
+            state = with_vocab_mapping(state, draft, weights_path, self.exported_name)
         expected = {self.exported_name(name): (name, tensor)
                     for name, tensor in draft.state_dict().items() if not name.startswith("rotary_emb.")}
         missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
         if missing or unexpected:
-            raise ValueError(f"{directory / WEIGHTS_NAME}: missing tensors {missing}, unexpected tensors {unexpected}")
+            raise ValueError(f"{weights_path}: missing tensors {missing}, unexpected tensors {unexpected}")
         ours = {}
         for theirs, (name, tensor) in expected.items():
             if state[theirs].shape != tensor.shape:
-                raise ValueError(f"{directory / WEIGHTS_NAME}: tensor {theirs} has shape "
+                raise ValueError(f"{weights_path}: tensor {theirs} has shape "
                                  f"{tuple(state[theirs].shape)}, expected {tuple(tensor.shape)}")
             ours[name] = state[theirs]
         draft.load_state_dict(ours, strict=False)
         draft.extra_config = {"imported_from": self.NAME}
         return draft
+
+
+def drop_unused(state: dict, weights_path: Path, base_model=None) -> dict:
+    """The tensors without UNUSED_TENSORS, each one left out named in a warning (an embedding compared with the
+    base's where the base is given: the draft decodes with the base's)."""
+    kept = {}
+    for name, tensor in state.items():
+        if not UNUSED_TENSORS.fullmatch(name):
+            kept[name] = tensor
+            continue
+        why = "the rotary frequencies are recomputed from the config"
+        if "embed_tokens" in name:
+            why = "the draft embeds tokens with the base's embeddings"
+            base = base_model.get_input_embeddings().weight if base_model is not None else None
+            if base is not None and tuple(base.shape) == tuple(tensor.shape):
+                diff = float((base.detach().float() - tensor.float()).abs().max())
+                why += (", which it equals" if diff <= 1e-2 * max(float(base.detach().float().abs().max()), 1e-6)
+                        else f", which it differs from (max |diff| {diff:.3g}): is this the draft's base?")
+        warnings.warn(f"{weights_path}: tensor {name} {tuple(tensor.shape)} is not used ({why})", stacklevel=4)
+    return kept
+
+
+def with_vocab_mapping(state: dict, draft: EagleDraft, weights_path: Path, exported_name) -> dict:
+    """EAGLE-3's d2t (draft id -> target offset) and t2d (target ids in the draft vocabulary): published folders
+    leave both out when the draft vocabulary is the target's, and some carry one of them; the other follows."""
+    config = draft.config
+    d2t_name, t2d_name = exported_name("d2t"), exported_name("t2d")
+    d2t, t2d = state.get(d2t_name), state.get(t2d_name)
+    if d2t is None and t2d is None:
+        if config.draft_vocab_size != config.vocab_size:
+            raise ValueError(f"{weights_path}: missing tensors {d2t_name!r} and {t2d_name!r}: the draft vocabulary "
+                             f"({config.draft_vocab_size} tokens) is smaller than the target's ({config.vocab_size}), "
+                             f"so the draft-to-target mapping is needed")
+        target_ids = torch.arange(config.vocab_size)
+    elif d2t is not None:
+        if tuple(d2t.shape) != (config.draft_vocab_size,) or d2t.is_floating_point():
+            raise ValueError(f"{weights_path}: tensor {d2t_name} must be integer offsets of shape "
+                             f"({config.draft_vocab_size},), got {d2t.dtype} {tuple(d2t.shape)}")
+        target_ids = d2t.long() + torch.arange(config.draft_vocab_size)
+    else:
+        if tuple(t2d.shape) != (config.vocab_size,):
+            raise ValueError(f"{weights_path}: tensor {t2d_name} has shape {tuple(t2d.shape)}, expected "
+                             f"({config.vocab_size},)")
+        target_ids = t2d.bool().nonzero().flatten()
+    try:
+        draft.set_vocab_mapping(target_ids)
+    except ValueError as err:
+        raise ValueError(f"{weights_path}: tensors {d2t_name}/{t2d_name}: {err}") from err
+    if t2d is not None and not torch.equal(t2d.bool(), draft.t2d):
+        raise ValueError(f"{weights_path}: tensors {d2t_name} and {t2d_name} disagree on the draft vocabulary")
+    if d2t is not None and not torch.equal(d2t.long(), draft.d2t):
+        raise ValueError(f"{weights_path}: tensor {d2t_name} maps draft ids to target ids out of order (EAGLE-3 "
+                         f"draft vocabularies are sorted by target id)")
+    return {**state, d2t_name: draft.d2t.clone(), t2d_name: draft.t2d.clone()}
+
+
+def aux_layers(aux, path: Path, base_config, where: str) -> list[int]:
+    """The aux layer ids a folder gives, else EAGLE-3's default for the base (hidden states entering layers 2, L//2,
+    L-3: what the EAGLE authors' code taps and vLLM/SGLang use when a folder names none)."""
+    if aux:
+        return int_list(aux, where, path)
+    if base_config is None:
+        raise ValueError(f"{path}: names no aux layers ({where}); EAGLE-3 then reads the target's layers 2, L//2 and "
+                         f"L-3, so the target's layer count is needed: pass base_model (--model)")
+    return default_aux_layers(base_config.num_hidden_layers)
+
+
+def check_target_hidden_size(raw: dict, path: Path) -> None:
+    target = raw.get("target_hidden_size")
+    if target is not None and target != raw.get("hidden_size", target):
+        raise ValueError(f"{path}: target_hidden_size {target} differs from the draft's hidden_size "
+                         f"{raw.get('hidden_size')}; specheads' EAGLE drafts read features of their own width")
 
 
 def eagle_config(variant: str, layer: dict, model_type: str, aux, base: str, draft_vocab_size: int, path: Path,

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..eagle import EagleConfig, EagleDraft
-from .eagle_layer import EagleLayout, eagle_config, int_list, llama_base, llama_config, llama_model_type
+from .eagle_layer import EagleLayout, aux_layers, check_target_hidden_size, eagle_config, int_list, llama_base, \
+    llama_config, llama_model_type
 
 SGLANG_AUX_SHIFT = 1
 
@@ -47,7 +48,7 @@ class SglangEagle(_SglangLlama):
     def fc_bias(self, raw: dict, state: dict) -> bool:
         return raw.get("bias", "fc.bias" in state)
 
-    def config_back(self, raw: dict, path: Path, fc_bias: bool) -> EagleConfig:
+    def config_back(self, raw: dict, path: Path, fc_bias: bool, base_config=None) -> EagleConfig:
         return eagle_config(self.KIND, raw, llama_model_type(raw), None, llama_base(raw), 0, path, fc_bias)
 
 
@@ -66,10 +67,14 @@ class SglangEagle3(_SglangLlama):
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": sglang_aux_ids(draft.config.aux_layer_ids)}
         return config
 
-    def config_back(self, raw: dict, path: Path, fc_bias: bool) -> EagleConfig:
+    def config_back(self, raw: dict, path: Path, fc_bias: bool, base_config=None) -> EagleConfig:
+        """SpecForge's folders (this architecture, keys as the EAGLE authors') often name no aux layers: SGLang then
+        captures the stream entering layers 2, L//2, L-3, specheads' default, read from the base."""
+        check_target_hidden_size(raw, path)
         sglang = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         aux = [i + SGLANG_AUX_SHIFT for i in int_list(sglang, "eagle_aux_hidden_state_layer_ids", path)] if sglang \
-            else (raw.get("specheads") or {}).get("aux_layer_ids")
+            else aux_layers((raw.get("specheads") or {}).get("aux_layer_ids"), path, base_config,
+                            "eagle_config.eagle_aux_hidden_state_layer_ids")
         return eagle_config(self.KIND, raw, llama_model_type(raw), aux, llama_base(raw),
                             raw.get("draft_vocab_size", 0), path, fc_bias)
 

@@ -15,7 +15,8 @@ import warnings
 from pathlib import Path
 
 from ..eagle import EagleConfig, EagleDraft
-from .eagle_layer import SPECULATIVE_TOKENS, EagleLayout, eagle_config, layer_dict, specheads_entry, verifier
+from .eagle_layer import SPECULATIVE_TOKENS, EagleLayout, aux_layers, check_target_hidden_size, eagle_config, layer_dict, \
+    specheads_entry, verifier
 
 
 class Speculators(EagleLayout):
@@ -71,16 +72,32 @@ class Speculators(EagleLayout):
             "specheads": specheads_entry(draft),
         }
 
-    def config_back(self, raw: dict, path: Path, fc_bias: bool) -> EagleConfig:
+    def config_back(self, raw: dict, path: Path, fc_bias: bool, base_config=None) -> EagleConfig:
         ours = raw.get("specheads") or {}
         layer = raw.get("transformer_layer_config")
         if not isinstance(layer, dict) or "model_type" not in layer:
             raise ValueError(f"{path}: transformer_layer_config must be a config dict with a model_type")
-        aux = raw.get("eagle_aux_hidden_state_layer_ids") or ours.get("aux_layer_ids")
+        # options of the speculators library that change what the draft computes, which an EagleDraft has not
+        for key in UNSUPPORTED_OPTIONS:
+            if raw.get(key):
+                raise ValueError(f"{path}: {key} is {raw[key]!r}; specheads' EAGLE-3 draft "
+                                 f"{UNSUPPORTED_OPTIONS[key]}, so it would compute another draft: not imported")
+        check_target_hidden_size({**raw, "hidden_size": layer.get("hidden_size")}, path)
+        aux = aux_layers(raw.get("eagle_aux_hidden_state_layer_ids") or ours.get("aux_layer_ids"), path, base_config,
+                         "eagle_aux_hidden_state_layer_ids")
         base = ours.get("base_model_name_or_path") or raw.get("speculators_config", {}).get(
             "verifier", {}).get("name_or_path", "")
         return eagle_config(self.KIND, layer, layer["model_type"], aux, base, raw.get("draft_vocab_size", 0), path,
                             fc_bias)
+
+
+# speculators Eagle3SpeculatorConfig fields an EagleDraft does not compute (true: refused by name)
+UNSUPPORTED_OPTIONS = {
+    "norm_before_residual": "adds the un-normalised feature as the layer's residual (hidden_norm only feeds attention)",
+    "norm_before_fc": "feeds the aux hidden states to fc without a norm",
+    "fc_norm": "has no per-layer norm before fc",
+    "norm_output": "has no norm on the layer's output before it is fed back",
+}
 
 
 FORMAT = Speculators()

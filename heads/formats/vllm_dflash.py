@@ -29,7 +29,7 @@ NAME = "vllm-dflash"
 KIND = "dflash"
 ARCHITECTURES = ["DFlashDraftModel"]
 EXPORT_ONLY_KEYS = ("architectures", "block_size", "dflash_config", "num_target_layers", "target_hidden_size",
-                    "specheads", "torch_dtype", "draft_vocab_size")
+                    "specheads", "torch_dtype", "draft_vocab_size", "auto_map")
 
 
 def detect(raw: dict) -> bool:
@@ -71,16 +71,29 @@ def export(heads_dir, out_dir, *, model: str | None = None, overwrite: bool = Fa
     return write_folder(out_dir, to_config(draft, model), to_tensors(draft))
 
 
-def config_back(raw: dict, path: Path) -> DFlashConfig:
-    """DFlashConfig from an exported config.json; a bad or missing field is an error naming the file."""
+def config_back(raw: dict, path: Path, base_config=None) -> DFlashConfig:
+    """DFlashConfig from an exported config.json, ours or z-lab's (block_size top-level, or inside dflash_config
+    for their Qwen3.5+ drafters; num_target_layers checked against the base where given); a bad or missing field
+    is an error naming the file."""
     from transformers import AutoConfig
 
     dflash = raw.get("dflash_config") or {}
     for key in ("mask_token_id", "target_layer_ids"):
         if key not in dflash:
             raise ValueError(f"{path}: dflash_config.{key} is missing")
+    if "block_size" not in raw and "block_size" in dflash:
+        raw = {**raw, "block_size": dflash["block_size"]}
     if "block_size" not in raw:
         raise ValueError(f"{path}: block_size is missing (the anchor + the tokens one forward drafts)")
+    sliding = [t for t in raw.get("layer_types") or () if t != "full_attention"]
+    if dflash.get("use_swa") or raw.get("use_sliding_window") or sliding:
+        raise ValueError(f"{path}: the drafter's layers use sliding-window attention (dflash_config.use_swa, "
+                         f"use_sliding_window or layer_types {sorted(set(sliding))}); specheads' DFlash drafter "
+                         f"attends to the whole context: not imported")
+    target_layers = raw.get("num_target_layers")
+    if base_config is not None and target_layers is not None and target_layers != base_config.num_hidden_layers:
+        raise ValueError(f"{path}: num_target_layers is {target_layers}, but the base model has "
+                         f"{base_config.num_hidden_layers} layers: the drafter was trained for another target")
     defaults = AutoConfig.for_model("qwen3").to_dict()
     layer = {k: v for k, v in raw.items()
              if k not in NOISE_KEYS and (k not in EXPORT_ONLY_KEYS or k in defaults)}
@@ -100,11 +113,12 @@ def config_back(raw: dict, path: Path) -> DFlashConfig:
 
 
 def load(directory, base_model=None) -> DFlashDraft:
-    """A vLLM DFlash folder -> the DFlashDraft it holds (tensors checked by name and shape)."""
+    """A vLLM DFlash folder, or z-lab's (the layout vLLM reads) -> the DFlashDraft it holds (tensors checked by
+    name and shape)."""
     directory = Path(directory)
     path, raw = read_json_config(directory, what="exported DFlash drafter")
     state = read_folder_safetensors(directory, WEIGHTS_NAME)
-    draft = DFlashDraft(config_back(raw, path))
+    draft = DFlashDraft(config_back(raw, path, getattr(base_model, "config", None)))
     if "fc.weight" in state:
         draft.to(state["fc.weight"].dtype)
     draft.load_tensors(state, directory / WEIGHTS_NAME)

@@ -38,7 +38,7 @@ class VllmEagle(EagleLayout):
     def to_config(self, draft: EagleDraft, model: str | None) -> dict:
         return llama_config(draft, self.ARCHITECTURES, model)
 
-    def config_back(self, raw: dict, path: Path, fc_bias: bool) -> EagleConfig:
+    def config_back(self, raw: dict, path: Path, fc_bias: bool, base_config=None) -> EagleConfig:
         return eagle_config(self.KIND, raw, llama_model_type(raw), None, llama_base(raw), 0, path, fc_bias)
 
 
