@@ -27,9 +27,11 @@ OPTIMIZER_KEYS = ("train.lr", "train.weight_decay", "train.adam_betas")
 
 
 def check_same_run(saved: dict, current: dict, checkpoint, saved_processes: int | None = None,
-                   processes: int | None = None) -> None:
+                   processes: int | None = None, saved_zero_stage: int | None = None,
+                   zero_stage: int | None = None) -> None:
     """Resuming with another model, data or module layout would silently train something else, and another batch
-    size, accumulation, seed or number of processes would continue from another place in the data."""
+    size, accumulation, seed or number of processes would continue from another place in the data; another ZeRO
+    stage partitions the optimizer state otherwise than the checkpoint holds it."""
     before, now = flat_config(saved, skip="train"), flat_config(current, skip="train")
     changed = [f"{name}: {before.get(name)!r} -> {value!r}" for name, value in now.items()
                if name in before and before[name] != value]
@@ -38,6 +40,8 @@ def check_same_run(saved: dict, current: dict, checkpoint, saved_processes: int 
                 if name in before and before[name] != now[name]]
     if saved_processes is not None and processes is not None and saved_processes != processes:
         changed.append(f"processes: {saved_processes} -> {processes}")
+    if saved_zero_stage is not None and zero_stage is not None and saved_zero_stage != zero_stage:
+        changed.append(f"DeepSpeed zero_stage: {saved_zero_stage} -> {zero_stage}")
     if changed:
         raise SystemExit(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
                          "resume with the saved values or use a new train.output_dir (nothing was changed)")

@@ -38,8 +38,9 @@ from specheads.heads.fingerprint import base_fingerprint
 from specheads.train.checkpoint import CheckpointWriteError, latest_checkpoint, load_checkpoint, save_checkpoint
 from specheads.train.config import config_to_dict
 from specheads.train.data_order import load_examples, micro_batches
-from specheads.train.distributed import (accelerator_settings, gathered_state_dict, rank_checksums,
-                                         resolve_mixed_precision, uses_deepspeed)
+from specheads.train.distributed import (accelerator_settings, gathered_state_dict, load_engine_state, rank_checksums,
+                                         rank_rng_states, resolve_mixed_precision, save_engine_state, uses_deepspeed,
+                                         zero_stage)
 from specheads.train.resume import (apply_config_hyperparameters, changed_optimizer_settings, check_same_run,
                                     flat_config, resume_point)
 from specheads.train.run_dir import OutputDirLock
@@ -112,7 +113,8 @@ class Trainer:
         if self.scheduled:
             saved = {"schedule": [], **saved}  # a checkpoint from before schedules had none
         check_same_run(saved, config_to_dict(self.cfg), self.latest, self.saved_state.get("processes"),
-                       accelerator.num_processes)
+                       accelerator.num_processes, (self.saved_state.get("deepspeed") or {}).get("zero_stage"),
+                       zero_stage(accelerator))
         self.first_stage = self.saved_state.get("stage", 0)
         self.stage_start = self.saved_state.get("stage_start_step", 0)
         self.best = self.saved_state.get("best")
@@ -152,7 +154,8 @@ class Trainer:
         self.scheduler = get_cosine_schedule_with_warmup(optimizer, int(t.warmup_ratio * self.total_steps),
                                                          self.total_steps)
         self.updates, self.micro_start = 0, 0
-        if self.latest is not None and stage.index == self.first_stage:
+        resuming_here = self.latest is not None and stage.index == self.first_stage
+        if resuming_here:
             self.restore(module, optimizer)
         if first:
             if uses_deepspeed(accelerator):  # no dataloader goes through prepare, so DeepSpeed is told the batch size
@@ -163,6 +166,8 @@ class Trainer:
                 ds_config.update(train_micro_batch_size_per_gpu=t.batch_size, gradient_accumulation_steps=t.grad_accum,
                                  train_batch_size=self.per_update)
             self.module, self.optimizer = accelerator.prepare(module, optimizer)
+            if resuming_here and uses_deepspeed(accelerator):
+                self.restore_engine(optimizer)
             self.start_logging()
         else:
             self.optimizer.optimizer.state.clear()  # the last stage's Adam moments: accelerate keeps a reference
@@ -178,12 +183,14 @@ class Trainer:
         accelerator, latest, step_total = self.accelerator, self.latest, self.total_steps
         fresh_groups = [dict(group) for group in optimizer.param_groups]  # as the config builds them
         self.task.restore(module, latest / "heads", self.base)
-        try:
-            state = load_checkpoint(latest, None if uses_deepspeed(accelerator) else optimizer)
+        try:  # under DeepSpeed the engine restores the optimizer once prepared (restore_engine)
+            state = load_checkpoint(latest, None if uses_deepspeed(accelerator) else optimizer,
+                                    accelerator.process_index)
         except ValueError as err:
             raise SystemExit(f"--resume: {err}") from None
         self.scheduler.load_state_dict(state["scheduler"])
         apply_config_hyperparameters(optimizer, self.scheduler, fresh_groups)
+        self.fresh_groups = fresh_groups
         self.updates, self.micro_start = state["step"], state["micro_batches_done"]
         where = f" of {self.stage.label}" if self.scheduled else ""
         accelerator.print(f"resumed from {latest} at step {self.updates}{where}")
@@ -196,6 +203,21 @@ class Trainer:
                        if any(c.startswith("train.lr:") for c in changed) else "")
             accelerator.print(f"--resume: changed since {latest.name}: {'; '.join(changed)}. The run continues with "
                               f"the new value{'s' if len(changed) > 1 else ''}{lr_note}")
+
+    def restore_engine(self, optimizer) -> None:
+        """Under DeepSpeed, once prepared: the ZeRO optimizer state (every rank its partition of Adam's moments
+        and of the fp32 master weights) from the checkpoint's deepspeed/ folder; then the config's hyperparameters
+        at the resumed step again, over the saved ones DeepSpeed put back into `optimizer` (its base optimizer)."""
+        record = self.saved_state.get("deepspeed")
+        if record is None:  # saved without DeepSpeed, or by a version that kept no DeepSpeed optimizer state
+            self.accelerator.print(f"--resume: {self.latest.name} holds no DeepSpeed optimizer state; the optimizer "
+                                   f"starts fresh moments at step {self.updates} (weights, schedule and data position "
+                                   "are restored)")
+            return
+        load_engine_state(self.module, self.latest, record)
+        apply_config_hyperparameters(optimizer, self.scheduler, self.fresh_groups)
+        self.accelerator.print(f"restored DeepSpeed ZeRO-{record['zero_stage']} optimizer state from "
+                               f"{self.latest / record['folder']}")
 
     def start_logging(self) -> None:
         """train_config.json and the TensorBoard run (once the first stage's module is ready)."""
@@ -318,9 +340,13 @@ class Trainer:
             shutil.rmtree(old, ignore_errors=True)
 
     def save(self, micro_done: int) -> None:
-        """An atomic checkpoint: weights, optimizer, RNG, schedule, data position (and stage)."""
+        """An atomic checkpoint: weights, optimizer (under DeepSpeed its engine's checkpoint, every rank writing its
+        ZeRO partition into the staging folder first), every rank's RNG, schedule, data position (and stage)."""
         accelerator = self.accelerator
         full_state = gathered_state_dict(accelerator, self.module)
+        rank_rng = rank_rng_states(accelerator)  # collectives, every rank: the main process writes the files
+        engine = (save_engine_state(accelerator, self.module, self.checkpoints, self.global_step)
+                  if uses_deepspeed(accelerator) else None)
         if self.main:
             trainer_state = {"step": self.updates, "micro_batches_done": micro_done,
                              "processes": accelerator.num_processes, "scheduler": self.scheduler.state_dict(),
@@ -330,12 +356,13 @@ class Trainer:
             if self.scheduled:
                 trainer_state.update(stage=self.stage.index, stage_name=self.stage.name,
                                      stage_start_step=self.stage_start)
-            # DeepSpeed's ZeRO optimizer state is partitioned across ranks: its checkpoints keep weights,
-            # schedule and data position, and a resumed run restarts the Adam moments.
+            # Under DeepSpeed the optimizer state is ZeRO's, partitioned across ranks: every rank has just written
+            # its partition into the staging folder with the engine's own checkpoint (save_engine_state).
             try:
                 save_checkpoint(self.checkpoints, self.global_step, accelerator.unwrap_model(self.module),
-                                None if uses_deepspeed(accelerator) else self.optimizer.optimizer,
-                                trainer_state, keep=self.cfg.train.keep_checkpoints, state_dict=full_state)
+                                None if engine is not None else self.optimizer.optimizer,
+                                trainer_state, keep=self.cfg.train.keep_checkpoints, state_dict=full_state,
+                                engine=engine, rank_rng=rank_rng)
             except CheckpointWriteError:
                 self.progress.close()  # the bar's last redraw before the error, not after it
                 raise
