@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.specheads-installed
 
-.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results test test-slow clean
+.PHONY: setup setup-qwen setup-engines lint test-unit test-engines demo medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results test test-slow gpu-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -276,6 +276,12 @@ test-unit: setup
 # Every export vLLM serves, served by vLLM and compared with our decoder (tests/test_engine_vllm.py).
 test-engines: setup setup-engines
 	$(BIN)/python -m pytest -q -m engine -rA
+
+# What a GPU user runs first (README "On GPUs", ~10 minutes on one GPU): the card's three commands on a ~1B Llama
+# with a template-less sentencepiece tokenizer, like Vicuna's: DeepSpeed ZeRO-2 training on every visible GPU, a
+# dry-run push, chat.py and the bench on CUDA (τ, tokens/s). SMOKE_MODEL=<folder or id> picks another model.
+gpu-smoke: setup
+	PYTHON=$(BIN)/python scripts/gpu_smoke.sh
 
 # Tests that load the 1.5B model or train for minutes.
 test-slow: setup setup-qwen

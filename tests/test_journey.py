@@ -86,3 +86,23 @@ def test_pushed_folder_chats_as_plain_greedy(journey, tiny_vicuna_dir, name):
     answer = ours.stdout.rsplit("\n[", 1)[0]
     assert answer == plain.stdout.rsplit("\n[", 1)[0] and answer.strip()
     assert "tokens/s, tau" in ours.stdout
+
+
+def test_gpu_smoke_script_runs_on_a_cpu_stand_in(tmp_path, tiny_vicuna_dir):
+    """scripts/gpu_smoke.sh, what a GPU user runs first, end to end on the CPU: DeepSpeed ZeRO-2 training of the
+    Vicuna Medusa-1 and EAGLE-3 recipes, dry-run pushes, chat.py on each pushed folder and the bench."""
+    data, questions = tmp_path / "sharegpt.jsonl", tmp_path / "questions.jsonl"
+    write_jsonl(data, synthetic_sharegpt(24))
+    write_jsonl(questions, [{"question_id": i, "category": "writing", "turns": [turn]}
+                            for i, turn in enumerate(["Count the words from alpha.", "Count the words from beta."])])
+    env = {**ENV, "PYTHON": sys.executable, "SMOKE_DEVICE": "cpu", "SMOKE_DTYPE": "fp32",
+           "SMOKE_MODEL": str(tiny_vicuna_dir), "SMOKE_DATA": str(data), "SMOKE_STEPS": "2",
+           "SMOKE_OUT": str(tmp_path / "smoke"), "SMOKE_TOKENS": "12", "SMOKE_QUESTIONS": "2",
+           "SMOKE_QUESTION_FILE": str(questions), "SMOKE_DRAFT_VOCAB": "256", "SMOKE_LAUNCH_ARGS": "--mixed_precision no",
+           "SMOKE_OVERRIDES": "data.max_length=64 data.heldout_size=4 train.batch_size=2 train.accept_positions=16"}
+    result = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("tokens/s, tau") == 2  # both chats answered
+    bench = json.loads((tmp_path / "smoke" / "bench" / "results.json").read_text())
+    assert {"baseline", "medusa", "eagle3"} <= set(bench["methods"])

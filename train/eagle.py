@@ -98,8 +98,9 @@ def unrolled_draft(draft: EagleDraft, base, batch, inputs, last, steps: int, noi
     ids, labels = batch["input_ids"], batch["labels"]
     length = ids.shape[1] - 1  # position t pairs the feature at t with the token x_{t+1}
     embeddings = base.get_input_embeddings()(ids[:, 1:])
-    selected = [last[:, :length]] if draft.config.variant == "eagle1" else list(inputs[:, :, :length])
-    features = draft.fuse(selected)
+    unwrapped = getattr(draft, "module", draft)  # DDP / DeepSpeed wrap the draft: its forward goes through them
+    selected = [last[:, :length]] if unwrapped.config.variant == "eagle1" else list(inputs[:, :, :length])
+    features = unwrapped.fuse(selected)
     if noise:
         features = features + (torch.rand_like(features) * 2 - 1) * noise
     # Trained positions: x_{t+2}, the token drafted at t, is an assistant token.
@@ -227,6 +228,7 @@ class EagleTask(DraftTask):
     def _losses(self, draft, base, batch, inputs, last, steps, noise):
         e = self.cfg.eagle
         outputs, target_features, valid = unrolled_draft(draft, base, batch, inputs, last, steps, noise)
+        draft = getattr(draft, "module", draft)  # its own methods below, not the DDP / DeepSpeed wrapper's
         probs, greedy = base_targets(draft, base, target_features, e.greedy_target_weight)
         per_step, hits = [], []
         for step in range(steps):

@@ -142,7 +142,7 @@ def run_header(args, model, command: str, questions: int) -> dict:
     """What every results.json starts with: how the run was made and on what."""
     header = {"command": command, "model": args.model, "questions_file": str(args.questions),
               "heads": args.heads, "eagle_heads": args.eagle_heads,
-              "dtype": str(model.dtype), "cpu_verify": cpu_verify_settings(model),
+              "dtype": str(model.dtype), "device": str(model.device), "cpu_verify": cpu_verify_settings(model),
               "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
               "pld_combine": args.pld_combine, "pld_heads_tree": args.pld_heads_tree,
               "pld_trusted": ([args.pld_trusted_ngram, args.pld_trusted_tokens]
