@@ -202,3 +202,30 @@ def test_resume_refuses_another_zero_stage():
     with pytest.raises(SystemExit, match=r"step-000004 was trained with other settings \(DeepSpeed zero_stage: 2 -> 3\)"):
         check_same_run({}, {}, "step-000004", 2, 2, 2, 3)
     check_same_run({}, {}, "step-000004", 2, 2, None, 3)  # a checkpoint from before DeepSpeed's state was kept
+
+
+@pytest.mark.parametrize("kind", ["ddp", "zero2"])
+def test_eagle3_trains_in_two_processes(kind, tmp_path, tiny_llama_dir):
+    """EAGLE-3 under DDP and DeepSpeed: the draft's own methods (fuse, logits, its vocabulary map) are reached
+    through the wrapper's module (they once were called on the wrapper: AttributeError under both), ranks agree."""
+    data = tmp_path / "conversations.jsonl"
+    write_jsonl(data, synthetic_sharegpt(24))
+    config = tmp_path / "eagle3.yaml"
+    config.write_text(f"""
+model: {{name: {tiny_llama_dir}, dtype: fp32}}
+data: {{dataset: {data}, max_length: 64, heldout_size: 4}}
+eagle: {{variant: eagle3, draft_vocab_size: 256, aux_layer_ids: [0, 1, 1], ttt_steps: 2, eval_steps: 2,
+         cache_features: false}}
+train: {{output_dir: {tmp_path / 'run'}, max_steps: 2, batch_size: 2, grad_accum: 2, lr: 1.0e-3,
+         mixed_precision: "no", log_every: 1, save_every: 2, accept_positions: 16}}
+""")
+    command = [str(Path(sys.executable).parent / "accelerate"), "launch", *LAUNCH[kind], "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if kind != "ddp":
+        command += ["--gradient_accumulation_steps", "2", "--gradient_clipping", "1.0"]
+    command += [str(REPO / "train" / "eagle.py"), "--config", str(config)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    checksums = json.loads((tmp_path / "run" / "eval.json").read_text())["rank_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1], "ranks diverged"
