@@ -54,6 +54,9 @@ class EagleConfig:
     # eagle1: EAGLE's original fc has a bias, vLLM's has none (it drops a shipped fc.bias). New drafts are built
     # without (for_base); drafts saved before this field existed keep theirs.
     fc_bias: bool = True
+    # eagle3: the layer's residual is hidden_norm(feature) instead of the feature itself (the speculators library's
+    # option, its training default; vLLM reads it). specheads trains without; imported drafts may have it.
+    norm_before_residual: bool = False
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -70,6 +73,9 @@ class EagleConfig:
                 raise ValueError(f"EagleConfig.aux_layer_ids must name 3 base layers, got {self.aux_layer_ids}")
         if "model_type" not in self.layer_config:
             raise ValueError("EagleConfig.layer_config must be a transformers config dict with a model_type")
+        if not isinstance(self.norm_before_residual, bool) or (self.norm_before_residual and self.variant != "eagle3"):
+            raise ValueError(f"EagleConfig.norm_before_residual must be true or false, and true only for eagle3 drafts; "
+                             f"got {self.norm_before_residual!r} for {self.variant}")
 
     @classmethod
     def for_base(cls, base_config, name_or_path: str, variant: str = "eagle1", draft_vocab_size: int = 0,
@@ -237,8 +243,9 @@ class EagleDraft(nn.Module):
             residual = self.fc(torch.cat([token_embeddings, features], dim=-1))
             attention_input = residual
         else:
-            residual = features
-            attention_input = torch.cat([layer.input_layernorm(token_embeddings), self.hidden_norm(features)], -1)
+            normed = self.hidden_norm(features)
+            residual = normed if self.config.norm_before_residual else features
+            attention_input = torch.cat([layer.input_layernorm(token_embeddings), normed], -1)
         position_embeddings = self.rotary_emb(residual, position_ids)
         attended, _ = layer.self_attn(hidden_states=attention_input, position_embeddings=position_embeddings,
                                       attention_mask=attention_mask, **{self._attn_cache_argument: cache})

@@ -405,8 +405,22 @@ def test_speculators_folder_loads_naming_its_embedding(tmp_path, base, base_dir,
     assert_exports_load_back(tmp_path, folder, draft, base, ["vllm-eagle3", "sglang-eagle3"], model=base_dir)
 
 
+def test_speculators_norm_before_residual_is_computed_and_kept(tmp_path, base, base_dir, base_greedy):
+    """The speculators library trains with norm_before_residual true by default: the residual is hidden_norm(h)."""
+    folder = tmp_path / "speculators"
+    state = write_speculators(folder, base, draft_vocab=DRAFT_VOCAB, norm_before_residual=True)
+    draft, _ = load_quietly(folder, base)
+    assert draft.config.norm_before_residual
+    check_eagle3(draft, base, state, "layers.0.", [2, 4, 5], norm_before_residual=True)
+    assert_decodes_losslessly(draft, base, base_greedy)
+    assert_exports_load_back(tmp_path, folder, draft, base, ["vllm-eagle3"], model=base_dir)
+    assert json.loads((tmp_path / "vllm-eagle3" / "config.json").read_text())["norm_before_residual"] is True
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="norm_before_residual.*export it as vllm-eagle3"):
+        export("sglang-eagle3", folder, tmp_path / "sglang", model=base_dir)
+
+
 def test_speculators_options_that_change_the_draft_are_refused(tmp_path, base):
-    for option in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+    for option in ("norm_before_fc", "fc_norm", "norm_output"):
         folder = tmp_path / option
         write_speculators(folder, base, **{option: True})
         with pytest.raises(ValueError, match=f"config.json: {option} is True; specheads' EAGLE-3 draft"):

@@ -303,14 +303,15 @@ def check_target_hidden_size(raw: dict, path: Path) -> None:
 
 
 def eagle_config(variant: str, layer: dict, model_type: str, aux, base: str, draft_vocab_size: int, path: Path,
-                 fc_bias: bool) -> EagleConfig:
+                 fc_bias: bool, norm_before_residual: bool = False) -> EagleConfig:
     """EagleConfig from what an export holds; a bad value is an error naming the file."""
     try:
         return EagleConfig(
             variant=variant, hidden_size=layer.get("hidden_size"), vocab_size=layer.get("vocab_size"),
             draft_vocab_size=draft_vocab_size if variant == "eagle3" else 0,
             aux_layer_ids=int_list(aux, "eagle_aux_hidden_state_layer_ids", path) if variant == "eagle3" else [],
-            base_model_name_or_path=base, layer_config=layer_config_back(layer, model_type), fc_bias=fc_bias)
+            base_model_name_or_path=base, layer_config=layer_config_back(layer, model_type), fc_bias=fc_bias,
+            norm_before_residual=norm_before_residual)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{path}: {err}") from err
 

@@ -61,6 +61,11 @@ class SglangEagle3(_SglangLlama):
         layer_name = "layers.0." + name if name == "hidden_norm.weight" else name
         return "midlayer." + layer_name.removeprefix("layers.0.") if layer_name.startswith("layers.0.") else layer_name
 
+    def check(self, draft: EagleDraft, source) -> None:
+        if draft.config.norm_before_residual:
+            raise ValueError(f"{source}: the draft's residual is hidden_norm(feature) (norm_before_residual, from a "
+                             f"speculators folder); specheads does not write that for SGLang: export it as vllm-eagle3")
+
     def to_config(self, draft: EagleDraft, model: str | None) -> dict:
         config = llama_config(draft, self.ARCHITECTURES, model)
         config["draft_vocab_size"] = draft.config.draft_vocab_size

@@ -4,7 +4,10 @@ library writes and loads, both directions.
 config.json: speculators_model_type "eagle3", draft_vocab_size, target_hidden_size, eagle_aux_hidden_state_layer_ids,
 transformer_layer_config (a Llama layer config) and speculators_config (greedy proposals, the verifier as a Hub id or
 path); model.safetensors: layers.0.* (hidden_norm inside the layer), fc.weight, norm.weight, lm_head.weight
-[draft_vocab, H], d2t and t2d. vLLM builds Llama-style layers only: a draft whose layer is another architecture's (a
+[draft_vocab, H], d2t and t2d. Published speculators folders import too: their embed_tokens.weight (the verifier's)
+is named in a warning and not used, d2t/t2d may be absent (a full draft vocabulary), norm_before_residual (the
+library's training default) is computed, and the options an EagleDraft lacks (norm_before_fc, fc_norm, norm_output)
+are refused by name. vLLM builds Llama-style layers only: a draft whose layer is another architecture's (a
 Qwen2 layer with q/k/v biases, trained before eagle.layer defaulted to llama) is refused, as is an aux layer named
 twice (vLLM collects each layer once).
 """
@@ -62,7 +65,7 @@ class Speculators(EagleLayout):
             "speculators_model_type": "eagle3",
             "architectures": ["Eagle3Speculator"],
             "draft_vocab_size": config.draft_vocab_size,
-            "norm_before_residual": False,  # the residual is the un-normalised feature
+            "norm_before_residual": config.norm_before_residual,  # vLLM defaults an absent one to true
             "target_hidden_size": config.hidden_size,
             "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
             "transformer_layer_config": transformer_layer,
@@ -88,12 +91,11 @@ class Speculators(EagleLayout):
         base = ours.get("base_model_name_or_path") or raw.get("speculators_config", {}).get(
             "verifier", {}).get("name_or_path", "")
         return eagle_config(self.KIND, layer, layer["model_type"], aux, base, raw.get("draft_vocab_size", 0), path,
-                            fc_bias)
+                            fc_bias, norm_before_residual=bool(raw.get("norm_before_residual", False)))
 
 
 # speculators Eagle3SpeculatorConfig fields an EagleDraft does not compute (true: refused by name)
 UNSUPPORTED_OPTIONS = {
-    "norm_before_residual": "adds the un-normalised feature as the layer's residual (hidden_norm only feeds attention)",
     "norm_before_fc": "feeds the aux hidden states to fc without a norm",
     "fc_norm": "has no per-layer norm before fc",
     "norm_output": "has no norm on the layer's output before it is fed back",
