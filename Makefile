@@ -40,7 +40,7 @@ demo: setup
 	$(BIN)/python -c "$$DEMO_CURVE" $(DEMO)/logs
 	$(BIN)/python scripts/export.py --format vllm-medusa --heads $(DEMO)/heads --out $(DEMO)/export --overwrite
 	$(BIN)/python inference/chat.py --heads $(DEMO)/export --tree '$(DEMO_TREE)' --prompt "$(DEMO_PROMPT)" --max-new-tokens 96
-	$(BIN)/python scripts/bench.py --heads heads/trained/smollm2-135m-medusa1 --eagle-heads heads/trained/smollm2-135m-eagle3 \
+	$(BIN)/python scripts/bench.py --heads heads/trained/smollm2-135m-medusa1 --drafts heads/trained/smollm2-135m-eagle3 \
 		--methods baseline,hf_prompt_lookup,medusa,medusa_pld,eagle3,eagle3_pld --questions data/questions/sharegpt-dev.jsonl \
 		--temperature 0 --max-new-tokens 64 --max-questions 6 --out $(DEMO)/bench
 
@@ -87,7 +87,7 @@ eagle: eagle1 eagle3
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE1)/heads
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
 	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
-		--eagle-heads $(EAGLE1)/heads,$(EAGLE3)/heads \
+		--drafts $(EAGLE1)/heads,$(EAGLE3)/heads \
 		--questions data/questions/sharegpt-dev.jsonl --methods baseline,medusa,medusa_pld,eagle2,eagle3,eagle3_pld \
 		--temperature 0 --max-new-tokens 128 --max-questions 20 --out runs/bench-eagle
 
@@ -123,7 +123,7 @@ qwen-eagle: setup-qwen
 	$(BIN)/python train/eagle.py --config configs/qwen2.5-coder-1.5b-eagle3.yaml --resume
 	$(BIN)/python scripts/tune_eagle_tree.py --model $(QWEN) --heads $(QWEN_EAGLE)/heads --prompts 4 \
 		--max-new-tokens 64 --shapes "3,3,6;4,4,10;6,5,18;8,6,26"
-	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --eagle-heads $(QWEN_EAGLE)/heads \
+	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --drafts $(QWEN_EAGLE)/heads \
 		--methods baseline,hf_unpacked,hf_prompt_lookup,pld,eagle3,eagle3_pld --temperature $$t \
 		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
 		--out runs/bench-qwen-eagle3-t$$t || exit 1; done
@@ -155,7 +155,7 @@ bench-smol: setup
 # T=0 on the 15 coding prompts; then the results pages.
 BENCH_CPU ?= 0
 BENCH := OMP_NUM_THREADS=1 taskset -c $(BENCH_CPU) $(BIN)/python scripts/bench.py
-SMOL_DRAFTS := --heads heads/trained/smollm2-135m-medusa1 --eagle-heads heads/trained/smollm2-135m-eagle3
+SMOL_DRAFTS := --heads heads/trained/smollm2-135m-medusa1 --drafts heads/trained/smollm2-135m-eagle3
 TEST_SPLIT := --questions data/questions/sharegpt-test.jsonl --max-new-tokens 128
 bench-test: setup setup-qwen
 	$(BENCH) $(SMOL_DRAFTS) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld --temperature 0 \
@@ -173,7 +173,7 @@ bench-test: setup setup-qwen
 SAMPLED_SHAPES := k2w2d5 k3w2d6 k2w1d6 k2w1d4 k1w1d4
 tune-sampled: setup
 	for s in $(SAMPLED_SHAPES); do k=$$(echo $$s | cut -c2); w=$$(echo $$s | cut -c4); d=$$(echo $$s | cut -c6); \
-		$(BENCH) --eagle-heads heads/trained/smollm2-135m-eagle3 --methods baseline,eagle3,eagle3_sampled \
+		$(BENCH) --drafts heads/trained/smollm2-135m-eagle3 --methods baseline,eagle3,eagle3_sampled \
 		--eagle-sample-k $$k --eagle-sample-width $$w --eagle-sample-depth $$d --temperature 1 \
 		--questions data/questions/sharegpt-tune.jsonl --max-questions 16 --max-new-tokens 64 \
 		--out runs/tune-sampled-$$s || exit 1; done

@@ -25,9 +25,14 @@ def vllm_speculative_config(format: str, folder: str | Path, k: int) -> dict:
             "num_speculative_tokens": k}
 
 
+CPU_KV_CACHE_GIB = 4  # vLLM's CPU build stops at start without VLLM_CPU_KVCACHE_SPACE (GiB) on a small machine
+
+
 def vllm_serve_command(model: str, format: str, folder: str | Path, k: int, *, port: int = 8000,
-                       dtype: str = "bfloat16", vllm: str = "vllm") -> list[str]:
-    """`vllm serve` (the OpenAI-compatible server) for a base model and an exported draft."""
+                       dtype: str = "bfloat16", vllm: str = "vllm", cpu_kv_cache_gib: int | None = None) -> list[str]:
+    """`vllm serve` (the OpenAI-compatible server) for a base model and an exported draft; with
+    `cpu_kv_cache_gib`, for vLLM's CPU build: `env VLLM_CPU_KVCACHE_SPACE=N vllm serve ...`."""
     spec = vllm_speculative_config(format, folder, k)
-    return [vllm, "serve", str(model), "--dtype", dtype, "--enforce-eager", "--port", str(port),
+    prefix = ["env", f"VLLM_CPU_KVCACHE_SPACE={cpu_kv_cache_gib}"] if cpu_kv_cache_gib else []
+    return [*prefix, vllm, "serve", str(model), "--dtype", dtype, "--enforce-eager", "--port", str(port),
             "--speculative-config", json.dumps(spec, separators=(",", ":"))]

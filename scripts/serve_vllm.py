@@ -20,8 +20,8 @@ from pathlib import Path
 
 from specheads.inference.engines.compare import base_model_of, chat_prompts, compare_with_vllm, first_turns
 from specheads.data.models import resolve_model
-from specheads.heads.serving import VLLM_METHODS, vllm_serve_command
-from specheads.inference.engines.vllm_engine import EngineUnavailable
+from specheads.heads.serving import CPU_KV_CACHE_GIB, VLLM_METHODS, vllm_serve_command
+from specheads.inference.engines.vllm_engine import EngineUnavailable, vllm_python
 
 
 def markdown(summary: dict) -> str:
@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"serve_vllm.py: {err}") from err
     summary = {**comparison.summary(), "heads": args.heads, "model": model, "questions": args.questions,
                "question_count": len(texts), "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-               "serve_command": shlex.join(vllm_serve_command(resolve_model(model), args.format, out / "export",
-                                                              args.k, dtype=args.dtype))}
+               "serve_command": shlex.join(vllm_serve_command(
+                   resolve_model(model), args.format, out / "export", args.k, dtype=args.dtype,
+                   vllm=str(vllm_python().with_name("vllm")), cpu_kv_cache_gib=CPU_KV_CACHE_GIB))}
     for name, text in (("results.json", json.dumps(summary, indent=2) + "\n"), ("results.md", markdown(summary))):
         (out / f".{name}.tmp").write_text(text)
         os.replace(out / f".{name}.tmp", out / name)  # a reader never sees half a file
