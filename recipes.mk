@@ -1,0 +1,182 @@
+# Recipes and benchmark replays: every committed head, dataset and result is made by one target here
+# (included by the Makefile, which keeps set-up, the demo and the tests; `make help` lists both).
+.PHONY: medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results
+
+# The full Medusa-1 recipe (~55 minutes on 2 cores, 41 of them training; the committed heads/trained/smollm2-135m-medusa1
+# used its config with heads.draft_vocab_size=8192 from the start): train Medusa-1 heads on SmolLM2-135M-Instruct's own
+# answers and print their held-out accuracy, restrict their proposals to the 8192 most frequent answer tokens (92% of
+# held-out answer tokens; the heads' cost per step falls from ~6 to ~1 ms), pick their tree for this machine, then
+# benchmark them (alone, and with prompt lookup trusted by match length: lookup_with_heads) against HF greedy, HF prompt
+# lookup and our prompt lookup. --resume: a second run continues (or just re-reports) instead of redoing it.
+RUN := runs/smollm2-135m-medusa1
+medusa1: setup
+	$(BIN)/python train/medusa.py --config configs/smollm2-135m.yaml --resume
+	$(BIN)/python scripts/draft_vocab.py --heads $(RUN)/heads --size 8192
+	$(BIN)/python scripts/build_tree.py --heads $(RUN)/heads --prompts 16
+	$(BIN)/python scripts/bench.py --heads $(RUN)/heads --questions data/questions/sharegpt-dev.jsonl \
+		--methods baseline,prompt_lookup,pld,medusa,medusa_pld --temperature 0 --max-new-tokens 128 --max-questions 20 \
+		--out $(RUN)/bench
+
+# The committed EAGLE drafts for SmolLM2, one recipe each (resumable: run the same target again after a stop):
+# eagle1 ~25 minutes, eagle3 ~4 hours on 2 cores (its stages: configs/smollm2-135m-eagle3-recipe.yaml); `make eagle`
+# trains both, tunes their trees for this machine and benchmarks them against the Medusa heads and HF.
+EAGLE1 := runs/smollm2-135m-eagle1
+EAGLE3 := runs/smollm2-135m-eagle3-recipe
+eagle1: setup
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
+eagle3: setup
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3-recipe.yaml --resume
+eagle: eagle1 eagle3
+	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE1)/heads
+	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
+	$(BIN)/python scripts/bench.py --heads $(RUN)/heads \
+		--drafts $(EAGLE1)/heads,$(EAGLE3)/heads \
+		--questions data/questions/sharegpt-dev.jsonl --methods baseline,medusa,medusa_pld,eagle2,eagle3,eagle3_pld \
+		--temperature 0 --max-new-tokens 128 --max-questions 20 --out runs/bench-eagle
+
+# Medusa-1 on ShareGPT's original answers vs Medusa-1 on self-distilled answers (make medusa1's heads) vs Medusa-2
+# (make medusa1's heads trained on jointly with a LoRA adapter), each with its own tree, in one benchmark run.
+# Needs `make medusa1` first; ~35 min of training on 2 cores.
+M1_SHAREGPT := runs/smollm2-135m-medusa1-sharegpt
+M2 := runs/smollm2-135m-medusa2
+medusa2: setup
+	$(BIN)/python train/medusa.py --config configs/smollm2-135m-sharegpt.yaml --resume
+	$(BIN)/python train/medusa.py --config configs/smollm2-135m-medusa2.yaml --resume
+	$(BIN)/python scripts/build_tree.py --heads $(M1_SHAREGPT)/heads --prompts 16
+	$(BIN)/python scripts/build_tree.py --heads $(M2)/heads --prompts 16
+	$(BIN)/python scripts/bench.py --heads sharegpt=$(M1_SHAREGPT)/heads,distilled=$(RUN)/heads,medusa2=$(M2)/heads \
+		--questions data/questions/sharegpt-dev.jsonl --methods baseline,prompt_lookup,medusa --temperature 0 \
+		--max-new-tokens 128 --max-questions 20 --out runs/bench-medusa2
+
+# The training-free methods on the 1.5B target against HF's own, at T=0 and T=1 (~40 minutes on 2 cores).
+SEED_METHODS := baseline,hf_unpacked,hf_prompt_lookup,hf_assisted,pld,sps,lookahead
+bench-qwen: setup-qwen
+	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --methods $(SEED_METHODS) --temperature $$t \
+		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
+		--out runs/bench-qwen-seed-t$$t || exit 1; done
+
+# An EAGLE-3 draft for the 1.5B target, trained on its own answers (committed: $(QWEN_DISTILLED); `make
+# distill-qwen` regenerates them, ~30 minutes), its tree shape tuned here, then benchmarked at T=0 and T=1
+# against HF greedy, HF prompt lookup and ours. Slow: ~2.5 hours on 2 cores; epoch 1 runs the 1.5B forward
+# over the training data (~31 min) and caches its states on disk, each later epoch reads them (~12 min);
+# interrupted, a rerun continues from the last checkpoint.
+QWEN_DISTILLED ?= data/distilled/qwen2.5-coder-1.5b-sharegpt-train.jsonl
+QWEN_EAGLE := runs/qwen2.5-coder-1.5b-eagle3
+qwen-eagle: setup-qwen
+	$(BIN)/python train/eagle.py --config configs/qwen2.5-coder-1.5b-eagle3.yaml --resume
+	$(BIN)/python scripts/tune_eagle_tree.py --model $(QWEN) --heads $(QWEN_EAGLE)/heads --prompts 4 \
+		--max-new-tokens 64 --shapes "3,3,6;4,4,10;6,5,18;8,6,26"
+	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --drafts $(QWEN_EAGLE)/heads \
+		--methods baseline,hf_unpacked,hf_prompt_lookup,pld,eagle3,eagle3_pld --temperature $$t \
+		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
+		--out runs/bench-qwen-eagle3-t$$t || exit 1; done
+
+# Medusa heads for the 1.5B target on its 1,200 answers (3 heads, 16k-token draft vocabulary): epoch 1 runs
+# the 1.5B and caches its states (~52 min on 2 cores), epochs 2-4 read them (~10 min); their tree is chosen
+# here, then every method runs at T=0 and T=1 in one benchmark per temperature.
+QWEN_MEDUSA := runs/qwen2.5-coder-1.5b-medusa
+QWEN_METHODS := $(SEED_METHODS),medusa,medusa_pld
+qwen-medusa: setup-qwen
+	$(BIN)/python train/medusa.py --config configs/qwen2.5-coder-1.5b-medusa.yaml --resume
+	$(BIN)/python scripts/build_tree.py --model $(QWEN) --heads $(QWEN_MEDUSA)/heads --prompts 8 --answer-tokens 96 \
+		--budgets 2,4,6,8,12,16,24 --timed-prompts 3 --timed-tokens 64 --timed-budgets 3
+	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --heads $(QWEN_MEDUSA)/heads \
+		--methods $(QWEN_METHODS) --temperature $$t --questions data/questions/sharegpt-dev.jsonl \
+		--max-new-tokens 96 --max-questions 8 --out runs/bench-qwen-medusa-t$$t || exit 1; done
+
+# Every method on SmolLM2 with make medusa1's heads at T=0 and T=1, against HF greedy, HF prompt lookup and HF
+# assisted generation in the same run (needs `make medusa1` first; ~35 minutes on 2 cores).
+bench-smol: setup
+	for t in 0 1; do $(BIN)/python scripts/bench.py --heads $(RUN)/heads --methods $(SEED_METHODS),medusa,medusa_pld \
+		--temperature $$t --questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 10 \
+		--out runs/bench-smol-all-t$$t || exit 1; done
+
+# The README's results: the committed drafts on the test split (data/questions/sharegpt-test.jsonl, never tuned
+# on), against HF in the same run. One thread pinned to one core (BENCH_CPU), so other work on the machine's
+# other core cannot stall it: two OpenMP threads sharing a core with another job ran several times slower.
+# SmolLM2 T=0 on all 120 prompts (~40 min), T=1 on the first 24 (3 per category, ~20 min), Qwen2.5-Coder-1.5B
+# T=0 on the 15 coding prompts; then the results pages.
+BENCH_CPU ?= 0
+BENCH := OMP_NUM_THREADS=1 taskset -c $(BENCH_CPU) $(BIN)/python scripts/bench.py
+SMOL_DRAFTS := --heads heads/trained/smollm2-135m-medusa1 --drafts heads/trained/smollm2-135m-eagle3
+TEST_SPLIT := --questions data/questions/sharegpt-test.jsonl --max-new-tokens 128
+bench-test: setup setup-qwen
+	$(BENCH) $(SMOL_DRAFTS) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld --temperature 0 \
+		$(TEST_SPLIT) --out runs/bench-smol-test-t0
+	$(BENCH) $(SMOL_DRAFTS) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld,eagle3_sampled \
+		--eagle-sample-k 2 --eagle-sample-width 1 --eagle-sample-depth 4 \
+		--temperature 1 $(TEST_SPLIT) --max-questions 24 --out runs/bench-smol-test-t1
+	$(BENCH) --model $(QWEN) --heads heads/trained/qwen2.5-coder-1.5b-medusa --categories coding \
+		--methods baseline,hf_prompt_lookup,pld,medusa_pld --temperature 0 \
+		--questions data/questions/sharegpt-test.jsonl --max-new-tokens 96 --out runs/bench-qwen-test-coding-t0
+	$(MAKE) results
+
+# The sampled EAGLE tree's shape (eagle3_sampled), chosen at T=1 on the tune split: five shapes, the fastest
+# became SampledEagleCandidates' default (2 children, 1 node expanded per level, 4 levels). ~20 minutes.
+SAMPLED_SHAPES := k2w2d5 k3w2d6 k2w1d6 k2w1d4 k1w1d4
+tune-sampled: setup
+	for s in $(SAMPLED_SHAPES); do k=$$(echo $$s | cut -c2); w=$$(echo $$s | cut -c4); d=$$(echo $$s | cut -c6); \
+		$(BENCH) --drafts heads/trained/smollm2-135m-eagle3 --methods baseline,eagle3,eagle3_sampled \
+		--eagle-sample-k $$k --eagle-sample-width $$w --eagle-sample-depth $$d --temperature 1 \
+		--questions data/questions/sharegpt-tune.jsonl --max-questions 16 --max-new-tokens 64 \
+		--out runs/tune-sampled-$$s || exit 1; done
+
+# DFlash against EAGLE-3 on the same data and updates: both from scratch on the same self-distilled answers (the
+# same cached hidden states: EAGLE-3's run extracts them, DFlash's reads them), 120 updates of 8 sequences each, one
+# core. EAGLE-3 trains every answer position through 4 unrolled steps; DFlash trains blocks at dflash.anchors
+# positions per sequence (64 here: at its config's 16 an update costs a tenth of EAGLE-3's and learned little).
+# Their held-out rollout acceptance every 40 updates, then both on the first 24 test prompts (3 per category) at T=0
+# and T=1 in one run (--experiment: their own tables, not the README's); then EAGLE-3 again with the
+# acceptance-aligned loss (eagle.loss=ce+tv) against its ce run. ~1.5 hours on one core (CMP_CPU).
+CMP_CPU ?= 1
+CMP_TRAIN := OMP_NUM_THREADS=1 taskset -c $(CMP_CPU) $(BIN)/python
+CMP_BUDGET := train.max_steps=120 train.eval_every=40 train.best_by=tau_t0 train.save_every=20
+CMP_BENCH := $(CMP_TRAIN) scripts/bench.py \
+	--drafts runs/cmp-eagle3/heads,runs/cmp-dflash/heads $(TEST_SPLIT) --max-questions 24 --experiment dflash-vs-eagle3
+compare-dflash: setup
+	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3.yaml train.output_dir=runs/cmp-eagle3 $(CMP_BUDGET) \
+		eagle.loss=ce --resume
+	$(CMP_TRAIN) train/dflash.py --config configs/smollm2-135m-dflash.yaml train.output_dir=runs/cmp-dflash $(CMP_BUDGET) \
+		dflash.anchors=64 --resume
+	$(CMP_BENCH) --methods baseline,eagle3,dflash --temperature 0 --out runs/bench-cmp-t0
+	$(CMP_BENCH) --methods baseline,eagle3,eagle3_sampled,dflash --temperature 1 --out runs/bench-cmp-t1
+	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3.yaml train.output_dir=runs/cmp-eagle3-tv \
+		$(CMP_BUDGET) eagle.loss=ce+tv --resume
+
+# Every stored benchmark (data/benchmarks/) and every finished one in runs/ of the same name pattern, the test-split
+# runs first (the README's headline reads them first).
+BENCH_NAMES := $(sort $(notdir $(wildcard data/benchmarks/*)) $(patsubst runs/%/results.json,%,$(wildcard \
+	runs/bench-*/results.json runs/tune-*/results.json)))
+TEST_BENCHES := $(filter %-test-t0 %-test-t1 %-test-coding-t0,$(BENCH_NAMES))
+BENCHES := $(TEST_BENCHES) $(filter-out $(TEST_BENCHES),$(BENCH_NAMES))
+# README and docs/results.md from the committed benchmarks (runs/<name> is stored in data/benchmarks first when
+# a new run exists there; a benchmark neither place holds is left out).
+results: setup
+	$(BIN)/python scripts/results.py --run heads/trained/smollm2-135m-medusa1 --run heads/trained/smollm2-135m-eagle3 \
+		--run heads/trained/qwen2.5-coder-1.5b-medusa --store data/benchmarks \
+		$(foreach b,$(BENCHES),$(if $(wildcard runs/$(b)/results.json),--bench runs/$(b),$(if \
+			$(wildcard data/benchmarks/$(b)/results.json),--bench data/benchmarks/$(b))))
+
+# QWEN_LIMIT=1200 QWEN_DISTILLED=data/distilled/qwen2.5-coder-1.5b-sharegpt-train-1200.jsonl: the committed file of
+# twice the answers (made by copying the 600-answer file there first: the script resumes, so only 600 are new, ~28 min).
+QWEN_LIMIT ?= 600
+distill-qwen: setup-qwen
+	$(BIN)/python scripts/self_distill.py --model $(QWEN) --out $(QWEN_DISTILLED) --split train --limit $(QWEN_LIMIT) \
+		--batch-size 32 --max-new-tokens 160 --max-prompt-tokens 256
+
+# Regenerate the self-distilled training data of the SmolLM2 recipes (SmolLM2's own answers; ~15 minutes).
+DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl
+SMOL_DISTILL := $(BIN)/python scripts/self_distill.py --split train --batch-size 48 --max-new-tokens 192 --max-prompt-tokens 384
+distill: setup
+	$(SMOL_DISTILL) --out $(DISTILLED) --limit 1200
+
+# ... and the EAGLE-3 recipe's files (~2.5 hours): the answers to train prompts 1-3,000 (the first 1,200 as above, then
+# 1,800 more in the same file), then 3,001-4,800, 4,800-7,800, 7,800-10,800 and 10,800-13,800, each slice batched as
+# when it was made (self_distill --skip). Resumable.
+SMOL_ANSWERS := data/distilled/smollm2-135m-sharegpt-train
+distill-eagle3: setup
+	$(SMOL_DISTILL) --out $(SMOL_ANSWERS)-3000.jsonl --limit 1200
+	$(SMOL_DISTILL) --out $(SMOL_ANSWERS)-3000.jsonl --limit 3000
+	$(SMOL_DISTILL) --out $(SMOL_ANSWERS)-3000-4800.jsonl --skip 3000 --limit 1800
+	for start in 4800 7800 10800; do $(SMOL_DISTILL) --out $(SMOL_ANSWERS)-$$start-$$((start + 3000)).jsonl \
+		--skip $$start --limit 3000 || exit 1; done
