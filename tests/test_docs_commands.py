@@ -76,9 +76,10 @@ def doc_commands():
             if pending.endswith("\\"):
                 pending = pending[:-1] + " "
                 continue
-            command, pending = re.sub(r"\s#\s.*$", "", pending).strip(), ""
-            if command and not command.startswith("#"):
-                found.append((str(doc.relative_to(REPO)), start, command))
+            line_commands, pending = re.sub(r"\s#\s.*$", "", pending).strip(), ""
+            for command in (c.strip() for c in line_commands.split(" && ")):
+                if command and not command.startswith("#"):
+                    found.append((str(doc.relative_to(REPO)), start, command))
     return found
 
 
