@@ -45,6 +45,8 @@ DEV_QUESTIONS = "data/questions/sharegpt-dev.jsonl"
 IGNORED_CONFIGS = {
     "vicuna7b.yaml": "Medusa-1 for Vicuna-7B on GPUs: no artifact of it in the repository, and Vicuna heads are never "
                      "benchmarked on SmolLM2 or Qwen; it trains on all of ShareGPT but a held-out 500",
+    "vicuna7b-medusa2.yaml": "Medusa-2 for Vicuna-7B on GPUs: the same data as vicuna7b.yaml, no artifact of it here",
+    "vicuna7b-eagle3.yaml": "EAGLE-3 for Vicuna-7B on GPUs: the same data as vicuna7b.yaml, no artifact of it here",
 }
 
 # First match wins, in this order: a prompt with code in it is coding whatever else it asks; an explicit

@@ -40,6 +40,7 @@ ALLOWED = {
     ("train/features.py", "FeatureSource.__call__"): "cached base states to a file",
     ("train/trainer.py", "Trainer.step"): "loss parts for the log line",
     ("train/distributed.py", "accelerator_settings"): "accelerate's cpu flag where no GPU backend runs",
+    ("train/distributed.py", "rank_rng_states"): "RNG states gathered to a file (the CPU generator state is a host tensor)",
     ("inference/cpu_verify.py", "packing_kind"): "CPU-only tuning, gated",
     ("inference/cpu_verify.py", "prepare_cpu_verify"): "CPU-only tuning, gated",
     ("inference/eagle.py", "EagleCandidates.propose"): "tree scores to Python (host bookkeeping)",
