@@ -130,3 +130,39 @@ def heldout_acceptance(examples, positions: int, k: int, pad_token_id, batch_siz
     for indices, batch in heldout_batches(capped_examples(examples, positions), pad_token_id, batch_size, accelerator):
         accept += counts_of(indices, batch).to(accept.device)
     return acceptance_result(accelerator.reduce(accept, reduction="sum"), k)
+
+
+# ---- held-out accuracy per head (Medusa) or draft step (EAGLE, DFlash block position) -------------------
+
+def format_accuracy(result: dict) -> str:
+    lines = ["head  top-1   top-5   tokens"]
+    for k, (t1, t5, n) in enumerate(zip(result["top1"], result["top5"], result["tokens"]), 1):
+        lines.append(f"{k:>4}  {t1:.3f}   {t5:.3f}   {int(n)}")
+    lines.append(f"estimated chain tau (1 + sum of prod top-1): {result['estimated_tau']:.3f}")
+    if "accept_t0" in result:
+        lines.append(format_acceptance(result))
+    return "\n".join(lines)
+
+
+def accuracy_logs(result: dict) -> dict:
+    logs = {"eval/estimated_tau": result["estimated_tau"]}
+    for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"]), 1):
+        logs[f"eval/top1_head{k}"] = t1
+        logs[f"eval/top5_head{k}"] = t5
+    if "accept_t0" in result:
+        logs.update(acceptance_logs(result))
+    return logs
+
+
+def accuracy_result(counts: torch.Tensor) -> dict:
+    """Summed [K, 3] hit counts (top-1, top-5, tokens) -> per-head accuracies and the chain τ estimate."""
+    from specheads.train.losses import estimated_tau  # losses reads this module's overlap
+
+    top1 = (counts[:, 0] / counts[:, 2].clamp(min=1)).tolist()
+    top5 = (counts[:, 1] / counts[:, 2].clamp(min=1)).tolist()
+    return {"top1": top1, "top5": top5, "tokens": counts[:, 2].tolist(), "estimated_tau": estimated_tau(top1)}
+
+
+def accuracy_extra(result: dict) -> dict:
+    """What the saved heads' config.json records of the final evaluation."""
+    return {"heldout_accuracy": {key: result[key] for key in ("top1", "top5", "tokens", "estimated_tau")}}

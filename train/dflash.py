@@ -22,12 +22,11 @@ import torch.nn.functional as F
 
 from specheads.data.tokenization import IGNORE_INDEX
 from specheads.heads.dflash import DFlashConfig, DFlashDraft
-from specheads.train.acceptance import chunked_chain_counts, heldout_acceptance
+from specheads.train.acceptance import accuracy_result, chunked_chain_counts, heldout_acceptance
 from specheads.train.cli import train_main
 from specheads.train.config import DataSection, ModelSection, TrainSection
 from specheads.train.data_order import heldout_batches
 from specheads.train.features import FeatureSource, feature_cache_dir
-from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
 from specheads.train.schedule import stages
 from specheads.train.task import DraftTask
 
@@ -230,10 +229,6 @@ class DFlashTask(DraftTask):
                                          pad_token_id, batch_size, accelerator, block_counts))
         draft.train()
         return result
-
-    format_result = staticmethod(format_accuracy)
-    eval_logs = staticmethod(accuracy_logs)
-    final_extra = staticmethod(MedusaTask.final_extra)
 
 
 def main(argv=None) -> int:

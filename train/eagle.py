@@ -26,14 +26,13 @@ from transformers import DynamicCache
 from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads.eagle import EagleConfig, EagleDraft, default_aux_layers
 from specheads.train.features import FeatureSource, feature_cache_dir
-from specheads.train.acceptance import along_chain, chain_starts, chunked_chain_counts, heldout_acceptance
+from specheads.train.acceptance import accuracy_result, along_chain, chain_starts, chunked_chain_counts, heldout_acceptance
 from specheads.train.losses import mix_greedy_target, soft_cross_entropy, total_variation, unrolled_step_mask
 from specheads.train.cli import train_main
 from specheads.train.config import DataSection, ModelSection, TrainSection, check_draft_loss, check_finite
 from specheads.train.data_order import heldout_batches
 from specheads.train.schedule import stages
 from specheads.train.task import DraftTask
-from specheads.train.medusa import MedusaTask, accuracy_logs, accuracy_result, format_accuracy
 
 
 @dataclass
@@ -281,10 +280,6 @@ class EagleTask(DraftTask):
                                          accelerator, draft_counts))
         draft.train()
         return result
-
-    format_result = staticmethod(format_accuracy)
-    eval_logs = staticmethod(accuracy_logs)
-    final_extra = staticmethod(MedusaTask.final_extra)  # same per-step accuracy record as per-head
 
 
 def main(argv=None) -> int:

@@ -25,12 +25,12 @@ from specheads.data.tokenization import IGNORE_INDEX, frequent_tokens
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.heads.joint import MedusaWithLoRA, lora_config
 from specheads.train.features import FeatureSource, feature_cache_dir
-from specheads.train.losses import (chunked_medusa_loss, estimated_tau, head_positions, heads_weight_at, medusa2_loss,
+from specheads.train.losses import (chunked_medusa_loss, head_positions, heads_weight_at, medusa2_loss,
                                     medusa_loss, next_token_positions, select_trained_positions, topk_hits,
                                     total_variation)
 from specheads.train.cli import train_main
-from specheads.train.acceptance import (acceptance_logs, along_chain, chain_starts, chunked_chain_counts,
-                                        format_acceptance, heldout_acceptance)
+from specheads.train.acceptance import (accuracy_logs, accuracy_result, along_chain, chain_starts, chunked_chain_counts,
+                                        format_accuracy, heldout_acceptance)
 from specheads.train.config import DataSection, ModelSection, TrainSection, check_draft_loss
 from specheads.train.data_order import heldout_batches
 from specheads.train.schedule import stages
@@ -126,33 +126,6 @@ def base_hidden_states(base, batch):
     with torch.no_grad():
         out = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     return out.last_hidden_state
-
-
-def format_accuracy(result: dict) -> str:
-    lines = ["head  top-1   top-5   tokens"]
-    for k, (t1, t5, n) in enumerate(zip(result["top1"], result["top5"], result["tokens"]), 1):
-        lines.append(f"{k:>4}  {t1:.3f}   {t5:.3f}   {int(n)}")
-    lines.append(f"estimated chain tau (1 + sum of prod top-1): {result['estimated_tau']:.3f}")
-    if "accept_t0" in result:
-        lines.append(format_acceptance(result))
-    return "\n".join(lines)
-
-
-def accuracy_logs(result: dict) -> dict:
-    logs = {"eval/estimated_tau": result["estimated_tau"]}
-    for k, (t1, t5) in enumerate(zip(result["top1"], result["top5"]), 1):
-        logs[f"eval/top1_head{k}"] = t1
-        logs[f"eval/top5_head{k}"] = t5
-    if "accept_t0" in result:
-        logs.update(acceptance_logs(result))
-    return logs
-
-
-def accuracy_result(counts: torch.Tensor) -> dict:
-    """Summed [K, 3] hit counts (top-1, top-5, tokens) -> per-head accuracies and the chain τ estimate."""
-    top1 = (counts[:, 0] / counts[:, 2].clamp(min=1)).tolist()
-    top5 = (counts[:, 1] / counts[:, 2].clamp(min=1)).tolist()
-    return {"top1": top1, "top5": top5, "tokens": counts[:, 2].tolist(), "estimated_tau": estimated_tau(top1)}
 
 
 @torch.no_grad()
@@ -274,13 +247,6 @@ class MedusaTask(DraftTask):
                                                   batch["labels"], base.get_output_embeddings())))
         heads.train()
         return result
-
-    format_result = staticmethod(format_accuracy)
-    eval_logs = staticmethod(accuracy_logs)
-
-    @staticmethod
-    def final_extra(result: dict) -> dict:
-        return {"heldout_accuracy": {key: result[key] for key in ("top1", "top5", "tokens", "estimated_tau")}}
 
 
 class Medusa2Task(MedusaTask):

@@ -12,6 +12,8 @@ from typing import Protocol
 
 import torch
 
+from specheads.train.acceptance import accuracy_extra, accuracy_logs, format_accuracy
+
 
 class Task(Protocol):
     """What a trainer adds to the shared loop.
@@ -37,8 +39,12 @@ def trainable_parameters(module) -> list[torch.nn.Parameter]:
 
 
 class DraftTask:
-    """Defaults of a Task whose module is the draft alone: restore from its saved folder, one
-    parameter group."""
+    """Defaults of a Task whose module is the draft alone: restore from its saved folder, one parameter group, and
+    the held-out accuracy per head or draft step (train/acceptance.py) as its report, logs and saved record."""
+
+    format_result = staticmethod(format_accuracy)
+    eval_logs = staticmethod(accuracy_logs)
+    final_extra = staticmethod(accuracy_extra)
 
     def load(self, directory: Path, base) -> torch.nn.Module:
         raise NotImplementedError
