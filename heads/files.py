@@ -24,14 +24,97 @@ DFLASH_MODEL_TYPE = "specheads-dflash"
 CHAT_TEMPLATE = "chat_template"
 
 
+class FileWriteError(OSError):
+    """A file that could not be written (a full disk, a read-only folder); the file that was there is whole. The
+    message is one line naming the file; errno is the cause's."""
+
+    def __init__(self, path: Path, cause: OSError):
+        super().__init__(f"{path}: cannot write it ({cause.strerror or cause}); the file there, if any, is as it was")
+        self.errno, self.path = cause.errno, path
+
+
 def _replace_via_temp(path: Path, write) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        raise FileWriteError(path, err) from err
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+# ---- output folders: never over an input, writable before any work ---------------------------------------------
+
+class OutputPathError(ValueError):
+    """An output folder or file that overlaps an input, or cannot be written: refused before any work is done."""
+
+
+def _overlap(out: Path, source: Path, above_ok: bool) -> str | None:
+    """How `out` overlaps `source` (both resolved), or None."""
+    if out == source:
+        return "is"
+    if source in out.parents:
+        return "is inside"
+    if out in source.parents and not above_ok:
+        return "holds"
+    return None
+
+
+def check_no_overlap(out: str | Path, inputs=(), *, above_inputs_ok: bool = False, what: str = "output folder") -> Path:
+    """Refuse an output path that is an input, lies inside one or (unless above_inputs_ok: a tool that writes
+    only its own named files) holds one. An input is a path or (what it is, path); inputs that are not on disk (Hub
+    ids, built-in names, None) are skipped."""
+    resolved = Path(out).resolve()
+    for source in inputs:
+        label, source = source if isinstance(source, tuple) else ("input", source)
+        if source is None or str(source) == "" or not Path(source).exists():
+            continue
+        how = _overlap(resolved, Path(source).resolve(), above_inputs_ok)
+        if how:
+            where = f"is the {label} itself ({source})" if how == "is" else f"{how} the {label} {source}"
+            raise OutputPathError(f"the {what} {out} {where}: writing there would change what is read; choose an "
+                                  f"{what} apart from every input (nothing was written)")
+    return resolved
+
+
+def check_writable(folder: str | Path, what: str = "output folder", create: bool = True) -> Path:
+    """Create `folder` (with its parents) and write and remove a probe file in it: OutputPathError if it cannot be.
+    create=False creates nothing: the probe goes into the folder, or the nearest folder above it that is there."""
+    folder = Path(folder)
+    where = folder
+    if not create:
+        while not where.exists() and where.parent != where:
+            where = where.parent
+    probe = where / f".specheads-probe-{os.getpid()}"
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        elif not where.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(where))
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise OutputPathError(f"the {what} {folder} cannot be written: {err.strerror or err}") from err
+    return folder
+
+
+def check_output_dir(out: str | Path, inputs=(), *, above_inputs_ok: bool = False) -> Path:
+    """An output folder checked before any work: apart from every input (check_no_overlap), created and writable."""
+    check_no_overlap(out, inputs, above_inputs_ok=above_inputs_ok)
+    return check_writable(out)
+
+
+def check_output_file(out: str | Path, inputs=()) -> Path:
+    """An output file checked before any work: not an input nor inside an input folder, its folder created and
+    writable, the file itself (when there) writable."""
+    out = Path(out)
+    check_no_overlap(out, inputs, what="output file")
+    check_writable(out.parent, what="folder of the output file")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise OutputPathError(f"the output file {out} cannot be written: permission denied")
+    return out
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -209,6 +209,12 @@ class MedusaHeads(nn.Module):
         heads = cls(config)
         weights_path = Path(directory) / WEIGHTS_NAME
         state = read_folder_safetensors(directory, WEIGHTS_NAME, device=map_location)
+        for name, tensor in heads.state_dict().items():  # a config.json that disagrees with the weights
+            if name in state and name != "draft_ids" and state[name].shape != tensor.shape:
+                raise ValueError(f"{weights_path}: tensor {name} has shape {tuple(state[name].shape)}, but "
+                                 f"{Path(directory) / 'config.json'} (hidden_size {config.hidden_size}, vocab_size "
+                                 f"{config.vocab_size}, draft_vocab_size {config.draft_vocab_size}) needs "
+                                 f"{tuple(tensor.shape)}")
         try:
             missing, unexpected = heads.load_state_dict(state, strict=False)
         except ValueError as err:

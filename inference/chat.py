@@ -22,6 +22,7 @@ from specheads.inference.decoder import SamplingConfig
 from specheads.inference.generate import SpeculativeGenerator
 from specheads.inference.methods import add_method_arguments, options_from_args
 from specheads.inference.tree import TreeError
+from specheads.inference.verify import PromptTooLongError
 
 DEFAULT_HEADS = "runs/smollm2-135m-medusa1/heads"
 
@@ -97,6 +98,9 @@ def main(argv=None) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
         return 130
+    except PromptTooLongError as err:  # --prompt longer than the model's context
+        print(f"chat.py: --prompt: {err}", file=sys.stderr)
+        return 1
 
 
 def run(args) -> int:
@@ -128,7 +132,12 @@ def run(args) -> int:
                 out.write("[conversation cleared]\n")
                 continue
             messages.append({"role": "user", "content": text})
-            reply = answer(generator, messages, args, out)
+            try:
+                reply = answer(generator, messages, args, out)
+            except PromptTooLongError as err:  # the conversation outgrew the context: say so, keep the session
+                messages.pop()
+                print(f"chat.py: {err}; /reset starts a new conversation", file=sys.stderr)
+                continue
             messages.append({"role": "assistant", "content": reply})
     except KeyboardInterrupt:
         out.write("\n")

@@ -16,14 +16,18 @@ from .source import CandidateSource, follows_features
 from .tree import TreeBuffers
 
 
+class PromptTooLongError(ValueError):
+    """A prompt with more tokens than the model has positions."""
+
+
 def position_budget(model, prompt_length: int, max_new_tokens: int) -> int:
     """max_new_tokens, cut so every token fed sits at a position < the model's limit (the last new token is
-    never fed); a ValueError if the prompt alone does not fit."""
+    never fed); a PromptTooLongError (a ValueError) if the prompt alone does not fit."""
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is None:
         return max_new_tokens
     if prompt_length > limit:
-        raise ValueError(f"the prompt has {prompt_length} tokens, more than the model's {limit} positions")
+        raise PromptTooLongError(f"the prompt has {prompt_length} tokens, more than the model's {limit} positions")
     return min(max_new_tokens, limit - prompt_length + 1)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 
 from specheads.heads.export import EXPORTS, export
+from specheads.heads.files import check_no_overlap, check_writable
 from specheads.heads.weights import UnsafeWeightsError
 
 
@@ -40,8 +41,11 @@ def main(argv: list[str] | None = None) -> None:
     if options and args.format != "vllm-eagle3":
         parser.error("--llama-layer applies to --format vllm-eagle3 only")
     try:
+        # before any work: --out never is, holds or lies inside --heads or a local --model, and can be written
+        check_no_overlap(args.out, [("heads folder", args.heads), ("base model", args.model)])
+        check_writable(args.out, create=False)
         out = export(args.format, args.heads, args.out, model=args.model, overwrite=args.overwrite, **options)
-    except (NotImplementedError, FileNotFoundError, FileExistsError, UnsafeWeightsError, ValueError) as err:
+    except (NotImplementedError, OSError, UnsafeWeightsError, ValueError) as err:  # OSError: a full or read-only disk
         raise SystemExit(f"export.py: {err}") from err
     print(f"wrote {args.format} to {out}")
 

@@ -253,3 +253,112 @@ def test_ctrl_c_while_answering_a_prompt(tiny_llama_dir, tmp_path):
     out = shown + rest
     assert out.startswith(shown) and len(out) >= 20  # nothing already written is taken back
     assert snapshot(model) == before
+
+
+# ---- issue 45: the bench's folders and --out, long prompts, build_tree on drafts it does not tune ----
+
+@pytest.fixture(scope="module")
+def drafts_dirs(tmp_path_factory, tiny_llama_dir):
+    """An EAGLE-3 draft and a DFlash drafter for the tiny Llama: {"eagle3": folder, "dflash": folder}."""
+    from transformers import AutoConfig
+
+    from specheads.heads import DFlashConfig, DFlashDraft, EagleConfig, EagleDraft
+
+    config = AutoConfig.from_pretrained(tiny_llama_dir)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("drafts")
+    EagleDraft(EagleConfig.for_base(config, str(tiny_llama_dir), variant="eagle3")).save_pretrained(folder / "eagle3")
+    DFlashDraft(DFlashConfig.for_base(config, str(tiny_llama_dir))).save_pretrained(folder / "dflash")
+    return {"eagle3": folder / "eagle3", "dflash": folder / "dflash"}
+
+
+@pytest.fixture(scope="module")
+def runs45(tmp_path_factory, tiny_llama_dir, heads_dir, drafts_dirs):
+    """This section's end-to-end runs, started at once: {name: run}, then the scratch folder and the hashes of
+    every file the runs may read (each refused run must leave them as they were)."""
+    folder = tmp_path_factory.mktemp("runs45")
+    questions = folder / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n")
+    long_questions = folder / "long.jsonl"
+    long_questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n" +
+                              json.dumps({"question_id": "long-one", "category": "qa", "turns": ["hello " * 700]}) + "\n")
+    (folder / "a-file").write_text("not a folder\n")
+    bench_py, missing_model, model = "scripts/bench.py", folder / "no-such-model", tiny_llama_dir
+    before = snapshot(folder, tiny_llama_dir, heads_dir, *drafts_dirs.values())
+    started = {
+        # checked before the model loads: the model named does not exist
+        "missing --drafts": Started(bench_py, "--model", missing_model, "--methods", "eagle3", "--drafts",
+                                    folder / "no-such-draft", "--questions", questions, "--out", folder / "o1"),
+        "wrong --heads": Started(bench_py, "--model", missing_model, "--methods", "medusa", "--heads", tiny_llama_dir,
+                                 "--questions", questions, "--out", folder / "o2"),
+        "unwritable --out": Started(bench_py, "--model", missing_model, "--methods", "baseline", "--questions",
+                                    questions, "--out", folder / "a-file" / "bench"),
+        "long prompt bench": Started(bench_py, "--model", model, "--methods", "baseline,plain", "--questions",
+                                     long_questions, "--max-new-tokens", "2", "--out", folder / "o3"),
+        "long prompt chat": Started("inference/chat.py", "--model", model, "--no-heads", "--prompt", "hello " * 700,
+                                    "--max-new-tokens", "2"),
+        "build_tree eagle": Started("scripts/build_tree.py", "--heads", drafts_dirs["eagle3"], "--model", model),
+        "build_tree dflash": Started("scripts/build_tree.py", "--heads", drafts_dirs["dflash"], "--model", model),
+    }
+    yield started, folder, before
+    for run in started.values():
+        run.process.kill()
+        run.process.communicate()
+
+
+def refused45(runs45, name, *words) -> str:
+    started, folder, before = runs45
+    result = started[name].result()
+    last = assert_flag_error(result, *words)
+    assert len(error_lines(result)) == 1, result.stderr
+    assert snapshot(*before.keys()) == before, name
+    return last
+
+
+def test_bench_missing_drafts_folder_is_one_line_before_the_model_loads(runs45):
+    refused45(runs45, "missing --drafts", "--drafts", "no-such-draft", "config.json is missing")
+
+
+def test_bench_heads_that_are_not_heads_is_one_line_before_the_model_loads(runs45, tiny_llama_dir):
+    refused45(runs45, "wrong --heads", "--heads", f"{tiny_llama_dir / 'config.json'}", "not a heads folder")
+
+
+def test_bench_out_that_cannot_be_written_is_found_before_the_run(runs45):
+    """It was found after the whole benchmark had run, its results lost; now before any model loads."""
+    _, folder, _ = runs45
+    refused45(runs45, "unwritable --out", "--out", str(folder / "a-file" / "bench"), "cannot be written")
+
+
+def test_prompt_longer_than_the_context_bench_and_chat(runs45):
+    """The message existed (inference/verify.py) but ended a traceback; the bench names the question and turn, and
+    stops before timing any question."""
+    _, folder, _ = runs45
+    refused45(runs45, "long prompt bench", "--questions", str(folder / "long.jsonl"), "'long-one', turn 1",
+              "more than the model's 512 positions")
+    refused45(runs45, "long prompt chat", "chat.py: --prompt", "more than the model's 512 positions")
+    assert not (folder / "o3").joinpath("results.json").exists()
+
+
+def test_build_tree_on_an_eagle_or_dflash_folder_says_what_to_use(runs45, drafts_dirs):
+    refused45(runs45, "build_tree eagle", "--heads", str(drafts_dirs["eagle3"]), "EAGLE draft", "tune_eagle_tree.py")
+    refused45(runs45, "build_tree dflash", "--heads", str(drafts_dirs["dflash"]), "DFlash drafter",
+              f"\"tree\" in {drafts_dirs['dflash'] / 'config.json'}", "--tree")
+
+
+def test_bench_mixes_medusa_with_tree_and_an_eagle_draft(tmp_path, tiny_llama_dir, heads_dir, drafts_dirs):
+    """--tree is the Medusa (and DFlash) methods' static tree: an EAGLE method in the same run leaves it aside (it
+    grows its own tree) instead of refusing the whole run, as it did since the methods registry."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "a", "category": "qa", "turns": ["Hello"]}) + "\n")
+    result = Started("scripts/bench.py", "--model", tiny_llama_dir, "--methods", "medusa,eagle3", "--heads", heads_dir,
+                     "--drafts", drafts_dirs["eagle3"], "--tree", "[[0], [1]]", "--questions", questions,
+                     "--max-new-tokens", "4", "--out", tmp_path / "out").result()
+    assert result.returncode == 0, result.stderr[-3000:]
+    methods = json.loads((tmp_path / "out" / "results.json").read_text())["methods"]
+    assert {"baseline", "medusa", "eagle3"} <= set(methods)
+    from specheads.inference.bench.runner import scoped_options
+    from specheads.inference.methods import MethodOptions
+
+    options = MethodOptions(tree=[[0], [1]])
+    assert scoped_options("eagle3", options).tree is None and scoped_options("medusa", options).tree == [[0], [1]]
+    assert scoped_options("dflash", options).tree == [[0], [1]] and scoped_options("medusa:a", options) is options

@@ -198,3 +198,44 @@ def test_torch_floor_loads_weights_only():
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     torch_req = next(Requirement(d) for d in dependencies if Requirement(d).name == "torch")
     assert not torch_req.specifier.contains("2.5.1") and torch_req.specifier.contains("2.6.0"), torch_req
+
+
+# ---- issue 45: self-distillation's output file ----------------------------------------------------------------
+
+
+def test_distill_keeps_a_complete_last_record_without_newline(tmp_path, tiny_llama_dir):
+    """A hand-edited --out whose complete last record has no final newline: the record is kept (its newline
+    added) and not answered again; only a tail that does not parse (a torn write) is dropped, and stderr says so.
+    The last record used to be taken for a torn write and deleted without a word."""
+    records = synthetic_sharegpt(3)
+    write_jsonl(tmp_path / "d.jsonl", records)
+    hand_edited, torn = tmp_path / "edited.jsonl", tmp_path / "torn.jsonl"
+    hand_edited.write_text(json.dumps(records[0]) + "\n" + json.dumps(records[1]))  # no final newline
+    torn.write_text(json.dumps(records[0]) + "\n" + json.dumps(records[1])[:25])  # killed mid-write
+    runs = {out: Started("scripts/self_distill.py", "--model", tiny_llama_dir, "--dataset", tmp_path / "d.jsonl",
+                         "--out", out, "--max-new-tokens", "2", "--dtype", "fp32") for out in (hand_edited, torn)}
+    results = {out: run.result() for out, run in runs.items()}
+    for out, result in results.items():
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = out.read_text().splitlines(keepends=True)
+        ids = [json.loads(line)["id"] for line in lines]
+        assert ids[0] == "c0" and sorted(ids) == ["c0", "c1", "c2"] and all(line.endswith("\n") for line in lines)
+    edited = hand_edited.read_text().splitlines()
+    assert json.loads(edited[1]) == records[1]  # the hand-written record kept in place, not a regenerated one
+    assert "1 to go" in results[hand_edited].stdout and "dropped" not in results[hand_edited].stderr
+    assert "2 to go" in results[torn].stdout
+    assert f"{torn}: dropped a torn last line" in results[torn].stderr
+
+
+def test_distill_out_that_is_the_dataset_or_cannot_be_written(tmp_path):
+    """--out on the --dataset file itself (it would be read as already answered and appended to), or where no file
+    can be written: one line naming both, before any model loads, nothing changed."""
+    data = tmp_path / "d.jsonl"
+    write_jsonl(data, synthetic_sharegpt(2))
+    (tmp_path / "a-file").write_text("x")
+    before = snapshot(tmp_path)
+    runs = [Started("scripts/self_distill.py", "--model", tmp_path / "no-such-model", "--dataset", data, "--out", out)
+            for out in (data, tmp_path / "a-file" / "out.jsonl")]
+    assert_one_line_error(runs[0].result(), "self_distill.py", f"output file {data}", f"--dataset itself ({data})")
+    assert_one_line_error(runs[1].result(), "self_distill.py", str(tmp_path / "a-file"), "cannot be written")
+    assert snapshot(tmp_path) == before

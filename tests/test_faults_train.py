@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,77 @@ def test_a_damaged_data_file_is_one_line_naming_file_and_line(trained, tmp_path)
     result = train(config, f"data.dataset={data}", f"train.output_dir={tmp_path / 'run'}")
     assert_refused(result, f"{data}:5")
     assert snapshot(tmp_path) == before
+
+
+# ---- issue 45: inputs checked before the first step; Ctrl-C; a str field on the command line -----------------
+
+
+def test_a_missing_dataset_in_a_later_stage_stops_the_run_before_the_first_step(trained, tmp_path):
+    """The second stage's data.dataset is not there: the run used to train the first stage (hours, in the 8-stage
+    recipe) and then stop. Every stage's inputs are resolved first: one line naming the stage and the file, no
+    checkpoint, no stage folder, no heads."""
+    config, _ = trained
+    missing = tmp_path / "more-data.jsonl"
+    scheduled = write_config(tmp_path, None, None, None, config.read_text() + f"""
+schedule:
+  - name: first
+  - name: more-data
+    data: {{dataset: {missing}}}
+""")
+    run = tmp_path / "run"
+    result = train(scheduled, f"train.output_dir={run}")
+    assert_refused(result, "schedule[1] (more-data)", "data.dataset", f"{missing}: no such file")
+    assert not any((run / name).exists() for name in ("checkpoints", "stages", "heads")), list(run.iterdir())
+
+
+def test_a_dataset_smaller_than_one_batch_is_one_line(trained, tmp_path):
+    """6 conversations, half held out: 3 left for batches of 4 (a ValueError traceback from the data order)."""
+    config, _ = trained
+    data = tmp_path / "small.jsonl"
+    write_jsonl(data, synthetic_sharegpt(6))
+    result = train(config, f"data.dataset={data}", f"train.output_dir={tmp_path / 'run'}")
+    assert_refused(result, "3 training examples cannot fill one batch of 4", "train.batch_size", "data.dataset")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_ctrl_c_during_training_is_one_line_with_the_resume_hint(trained, tmp_path):
+    """SIGINT mid-run: exit 130, no traceback (it was 29 frames), a last line saying to rerun with --resume, and
+    the checkpoints written so far kept."""
+    config, _ = trained
+    run = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, TRAIN, "--config", str(config), f"train.output_dir={run}",
+                                "train.max_steps=100000"], cwd=REPO, env=ENV, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               # as from a terminal: a background job's children ignore SIGINT otherwise
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoints" / "step-000002").is_dir() and time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            time.sleep(0.2)
+        assert (run / "checkpoints" / "step-000002").is_dir(), "no checkpoint within 240 s"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert "interrupted" in last and "--resume" in last and str(run) in last, last
+    assert (run / "checkpoints" / "step-000002" / "trainer_state.json").is_file()
+
+
+def test_a_str_field_on_the_command_line_keeps_the_text(trained):
+    """`train.mixed_precision=no` was read as YAML's boolean False and refused as not a str; a str field takes
+    the override as written (a YAML-quoted one too), other fields still go through YAML."""
+    from specheads.train.config import ConfigError, load_config
+    from specheads.train.medusa import MedusaTrainConfig
+
+    config, _ = trained
+    cfg = load_config(MedusaTrainConfig, config, ["train.mixed_precision=no", "model.name=1.5", "train.lr=3e-4"])
+    assert (cfg.train.mixed_precision, cfg.model.name, cfg.train.lr) == ("no", "1.5", 3e-4)
+    assert load_config(MedusaTrainConfig, config, ["train.mixed_precision='no'"]).train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="train.mixed_precision must be auto, bf16, fp16 or no, got 'off'"):
+        load_config(MedusaTrainConfig, config, ["train.mixed_precision=off"])
+    with pytest.raises(ConfigError, match="train.batch_size must be int"):
+        load_config(MedusaTrainConfig, config, ["train.batch_size=no"])

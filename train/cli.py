@@ -19,6 +19,7 @@ def train_main(config_class, make_task, argv, description: str, trainer_class=No
     from specheads.data.sharegpt import DataFileError
     from specheads.train.checkpoint import CheckpointWriteError
     from specheads.train.config import ConfigError, load_config
+    from specheads.train.data_order import TooFewExamples
     from specheads.train.trainer import Trainer
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,8 +34,23 @@ def train_main(config_class, make_task, argv, description: str, trainer_class=No
         return 2
     try:
         (trainer_class or Trainer)(cfg, make_task, resume=args.resume).run()
-    except (CheckpointWriteError, DataFileError, FileNotFoundError, ChatTemplateError) as err:  # each names its file,
-        # line or option
+    except (CheckpointWriteError, DataFileError, FileNotFoundError, ChatTemplateError, TooFewExamples) as err:
+        # each names its file, line or option
+        close_progress_bars()
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, 130 as for SIGINT; the checkpoints written so far are whole
+        close_progress_bars()
+        print(f"interrupted: the checkpoints under {cfg.train.output_dir}/checkpoints are kept; rerun the same "
+              f"command with --resume to continue from the last one", file=sys.stderr)
+        return 130
     return 0
+
+
+def close_progress_bars() -> None:
+    """Close the bars a stopped run left open, so that the error line is the last one on stderr (an open bar
+    redraws itself when it is collected, after the message)."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()

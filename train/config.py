@@ -90,7 +90,17 @@ def _build(cls, values, where: str, source: str):
     return obj
 
 
-def _apply_override(tree: dict, override: str, source: str) -> None:
+def _field_type(cls, parts: list[str]):
+    """The declared type of the dotted field `parts` of dataclass `cls` (None where it names no field)."""
+    tp = cls
+    for part in parts:
+        if not dataclasses.is_dataclass(tp):
+            return None
+        tp = typing.get_type_hints(tp).get(part)
+    return tp
+
+
+def _apply_override(tree: dict, override: str, source: str, cls=None) -> None:
     if "=" not in override:
         raise ConfigError(f"{source}: override {override!r} must look like section.key=value")
     dotted, raw = override.split("=", 1)
@@ -100,7 +110,10 @@ def _apply_override(tree: dict, override: str, source: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"{source}: {dotted!r} does not name a config key")
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if cls is not None and _field_type(cls, parts) is str and not isinstance(value, str):
+        value = raw.strip()  # a str field takes the text as written: YAML would read `no` as False, `1.0` as 1.0
+    node[parts[-1]] = value
 
 
 def _check_unique_keys(node, source: str, where: str = "", seen: set | None = None) -> None:
@@ -140,7 +153,7 @@ def load_config(cls, path: str | Path | None, overrides: list[str] = ()):
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
     for override in overrides:
-        _apply_override(tree, override, f"{source} (override {override!r})" if overrides else source)
+        _apply_override(tree, override, f"{source} (override {override!r})" if overrides else source, cls)
     return _build(cls, tree, "", source if not overrides else f"{source} + command-line overrides")
 
 

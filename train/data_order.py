@@ -35,6 +35,10 @@ def load_examples(cfg, tokenizer):
             build_examples(heldout_convs, tokenizer, cfg.data.max_length, "held-out"))
 
 
+class TooFewExamples(ValueError):
+    """Fewer training examples than one batch takes."""
+
+
 def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
     """The shuffled order of one epoch, a pure function of seed and epoch (so resume can skip ahead)."""
     order = list(range(num_examples))
@@ -47,7 +51,9 @@ def micro_batches(num_examples: int, cfg: TrainSection, world: int, rank: int, s
     per_step = cfg.batch_size * world
     per_epoch = num_examples // per_step
     if per_epoch == 0:
-        raise ValueError(f"{num_examples} training examples cannot fill one batch of {per_step}")
+        raise TooFewExamples(f"{num_examples} training examples cannot fill one batch of {per_step} (train.batch_size "
+                             f"{cfg.batch_size} x {world} process(es)): lower train.batch_size, or give data.dataset "
+                             f"more conversations (data.max_length and data.heldout_size decide how many are left)")
     index = start
     while True:
         epoch, offset = divmod(index, per_epoch)

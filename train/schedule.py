@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from specheads.data.sharegpt import MissingDataFile, check_source
 from specheads.train.config import _build, config_to_dict
 
 STAGE_TRAIN_KEYS = ("epochs", "max_steps", "lr", "weight_decay", "adam_betas", "warmup_ratio", "max_grad_norm",
@@ -100,3 +101,15 @@ def stages(config) -> list[Stage]:
         _check_stage(entry, tree, allowed, label)
         found.append(Stage(index, name, _build(cls, stage_tree(tree, index), "", label), len(schedule)))
     return found
+
+
+def check_inputs(run_stages: list[Stage]) -> None:
+    """Every stage's inputs resolved before the first step: each stage's data.dataset is there (a file missing in
+    the last of 8 stages would otherwise stop the run hours in, after the others trained). MissingDataFile (a
+    DataFileError and FileNotFoundError) naming the stage, the key and the file."""
+    for stage in run_stages:
+        try:
+            check_source(stage.cfg.data.dataset)
+        except FileNotFoundError as err:
+            where = f"schedule[{stage.index}] ({stage.name}): " if stage.name else ""
+            raise MissingDataFile(f"{where}data.dataset: {err}") from err

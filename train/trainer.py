@@ -44,7 +44,7 @@ from specheads.train.distributed import (accelerator_settings, gathered_state_di
 from specheads.train.resume import (apply_config_hyperparameters, changed_optimizer_settings, check_same_run,
                                     flat_config, resume_point)
 from specheads.train.run_dir import OutputDirLock
-from specheads.train.schedule import Stage, stage_tree, stages
+from specheads.train.schedule import Stage, check_inputs, stage_tree, stages
 
 
 class Trainer:
@@ -73,6 +73,7 @@ class Trainer:
             lock.acquire()
         try:
             self.resume()
+            check_inputs(self.stages[self.first_stage:])  # before any model loads, not when a late stage starts
             self.setup()
             for stage in self.stages[self.first_stage:]:
                 self.setup_stage(stage)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import check_no_overlap, check_writable
 from ..medusa import MedusaConfig, MedusaHeads
 
 
@@ -25,14 +26,14 @@ def hub_base_model(name: str) -> str | None:
     return None
 
 
-def prepare_out_dir(out_dir: str | Path, source_dir: str | Path, overwrite: bool = False) -> Path:
-    """Create `out_dir`; never write into the source folder, nor over a non-empty folder unasked."""
-    out_dir, source_dir = Path(out_dir), Path(source_dir)
-    if out_dir.resolve() == source_dir.resolve():
-        raise ValueError(f"{out_dir}: the output folder is the heads folder itself; choose another")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+def prepare_out_dir(out_dir: str | Path, source_dir: str | Path, overwrite: bool = False, inputs=()) -> Path:
+    """Create `out_dir`; never write into, above or inside the source folder (nor the other `inputs`), nor over a
+    non-empty folder unasked; OutputPathError (a ValueError) for an overlap or a folder that cannot be written."""
+    out_dir = Path(out_dir)
+    check_no_overlap(out_dir, [("heads folder", source_dir), *inputs])
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"{out_dir} is not empty; pass overwrite=True (--overwrite) to write into it")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(out_dir)
     return out_dir
 
 
@@ -61,7 +62,7 @@ def base_lm_head_weight(model: str) -> torch.Tensor:
     """The output projection [V, H] of a base model (Hub id, folder or built-in name), in float32."""
     from specheads.data.models import load_base_model
 
-    base = load_base_model(model, dtype="float32")
+    base = load_base_model(model, dtype="float32", device="cpu")  # file work: a 7B fp32 base may not fit a GPU
     return base.get_output_embeddings().weight.detach()
 
 

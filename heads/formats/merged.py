@@ -31,7 +31,7 @@ def export(heads_dir: str | Path, out_dir: str | Path, *, model: str | None = No
         raise ValueError(f"{heads_dir} holds plain heads (no LoRA adapter): nothing to merge")
     heads = MedusaHeads.from_pretrained(heads_dir)
     base_name = model or heads.config.base_model_name_or_path
-    out = prepare_out_dir(out_dir, heads_dir, overwrite)
+    out = prepare_out_dir(out_dir, heads_dir, overwrite, inputs=[("base model", base_name)])
     merged = load_adapted_base(load_base_model(base_name, dtype), heads_dir)
     model_dir, heads_out = out / "model", out / "heads"
     merged.save_pretrained(model_dir, safe_serialization=True)

@@ -40,13 +40,15 @@ import sys
 
 from specheads.data.models import add_device_arguments, load_base_model
 from specheads.heads import load_heads
+from specheads.heads.files import OutputPathError, check_output_dir
 from specheads.heads.joint import adapter_of, load_adapted_base
-from specheads.heads.loading import load_medusa_heads
+from specheads.heads.loading import folder_kind, load_medusa_heads
 from specheads.inference.cli import float_in, non_negative_float, non_negative_int, positive_int, top_p
 from specheads.inference.cpu_verify import add_untuned_cpu_argument, prepare_cpu_verify
 from specheads.inference.generate import chat_tokenizer
 from specheads.inference.methods import METHODS, add_method_arguments, draft_kind, options_from_args
 from specheads.inference.tree import TreeError, check_tree_fits
+from specheads.inference.verify import PromptTooLongError
 
 from .questions import load_questions
 from .report import NOISE_BOUND, write_results
@@ -125,7 +127,10 @@ def load_drafts(args, methods, model) -> dict:
         raise SystemExit(f"--methods {','.join(wanted)} need --drafts DIR[,DIR]")
     by_kind = {}
     for directory in args.eagle_heads.split(","):
-        draft = load_heads(directory, model)
+        try:
+            draft = load_heads(directory, model)
+        except (FileNotFoundError, ValueError) as err:  # not a draft folder, damaged, or not this base's
+            raise SystemExit(f"--drafts: {err}") from err
         kind = draft_kind(draft)
         if kind not in DRAFT_KINDS:
             raise SystemExit(f"--drafts: {directory} holds Medusa heads (give them with --heads), not an EAGLE "
@@ -138,6 +143,27 @@ def load_drafts(args, methods, model) -> dict:
         raise SystemExit(f"--methods {','.join(missing)}: no {'/'.join(METHODS[m].draft for m in missing)} draft "
                          f"among --drafts {args.eagle_heads}")
     return {m: by_kind[METHODS[m].draft] for m in wanted}
+
+
+def check_inputs_and_out(args, methods) -> None:
+    """Before any model loads: every --heads / --drafts folder a method needs holds a config.json specheads reads,
+    and --out is created and writable, apart from every input (results that cannot be written are found out now,
+    not after the run; the bench writes only its own named files, so an --out above an input is fine)."""
+    kinds = {METHODS[registered(m)].draft for m in methods}
+    folders = {"--heads": list(parse_heads_sets(args.heads).values()) if "medusa" in kinds else [],
+               "--drafts": [d for d in (args.eagle_heads or "").split(",") if d] if kinds & set(DRAFT_KINDS) else []}
+    for flag, directories in folders.items():
+        for directory in directories:
+            try:
+                folder_kind(directory)
+            except (FileNotFoundError, ValueError) as err:
+                raise SystemExit(f"{flag}: {err}") from err
+    inputs = [("--questions file", args.questions), ("--model folder", args.model),
+              *(("--heads folder", d) for d in folders["--heads"]), *(("--drafts folder", d) for d in folders["--drafts"])]
+    try:
+        check_output_dir(args.out, inputs, above_inputs_ok=True)
+    except OutputPathError as err:
+        raise SystemExit(f"--out: {err}") from err
 
 
 def main(argv=None):
@@ -161,6 +187,7 @@ def main(argv=None):
         questions = load_questions(args.questions, args.max_questions, args.skip_questions, args.categories)
     except ValueError as err:
         raise SystemExit(f"--questions: {err}") from err
+    check_inputs_and_out(args, methods)
     first_draft = next(iter(parse_heads_sets(args.heads).values()), None) or (args.eagle_heads or "").split(",")[0]
     tokenizer = chat_tokenizer(args.model, first_draft or None, args.chat_template)
     model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
@@ -169,7 +196,10 @@ def main(argv=None):
         for method, directory in parse_heads_sets(args.heads).items():
             target = (load_adapted_base(load_base_model(args.model, args.dtype, args.device, device_map=args.device_map),
                                         directory) if adapter_of(directory) else model)
-            heads[method] = (target, load_medusa_heads(directory, base_model=target))
+            try:
+                heads[method] = (target, load_medusa_heads(directory, base_model=target))
+            except (FileNotFoundError, ValueError) as err:  # not Medusa heads, damaged, or not this base's
+                raise SystemExit(f"--heads: {err}") from err
         if "medusa" in methods and "medusa" not in heads:  # `medusa` stands for every named set
             methods = [n for m in methods for n in (heads if m == "medusa" else [m])]
         methods += [own_baseline(m) for m, (target, _) in heads.items()
@@ -197,9 +227,12 @@ def main(argv=None):
     prepare_cpu_verify(model, *(m for pair in heads.values() for m in pair), *loaded.values(),
                        enabled=not args.untuned_cpu)
     command = command_line(argv)
-    if args.batch_size:
-        results, records = run_batched(args, options, model, tokenizer, methods, drafts, questions, command), None
-    else:
-        results, records = run_single(args, options, model, tokenizer, methods, drafts, questions, command)
+    try:
+        if args.batch_size:
+            results, records = run_batched(args, options, model, tokenizer, methods, drafts, questions, command), None
+        else:
+            results, records = run_single(args, options, model, tokenizer, methods, drafts, questions, command)
+    except PromptTooLongError as err:
+        raise SystemExit(f"--questions {args.questions}: {err}") from err
     print(write_results(args.out, results, records))
     return results

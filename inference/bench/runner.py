@@ -8,6 +8,7 @@ model's forwards with a forward hook, for every method alike.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import defaultdict
 
@@ -20,6 +21,7 @@ from specheads.inference.decoder import SamplingConfig, TreeDecoder
 from specheads.inference.generate import chat_input_ids, eos_token_ids
 from specheads.inference.timing import synchronize
 from specheads.inference.methods import METHODS, Context, MethodOptions, build_source
+from specheads.inference.verify import PromptTooLongError, position_budget
 
 from .report import NOISE_BOUND, machine_noise, run_header, summarise
 
@@ -54,6 +56,22 @@ class Probe:
                 synchronize(self.model.device)
                 times.append(time.perf_counter() - start)
         self.seconds.append(sorted(times)[len(times) // 2])  # the median: one preempted call is not the machine
+
+
+def scoped_options(method: str, options: MethodOptions) -> MethodOptions:
+    """The options one method of a mixed run decodes with: --tree is the Medusa and DFlash methods' static tree,
+    which an EAGLE method (it grows its own, set with --eagle-*) leaves aside instead of refusing the run."""
+    if options.tree is not None and METHODS[registered(method)].draft in ("eagle1", "eagle3"):
+        return dataclasses.replace(options, tree=None)
+    return options
+
+
+def fits(model, prompt_length: int, question: dict, turn: int) -> None:
+    """PromptTooLongError naming the question and turn whose prompt exceeds the model's positions."""
+    try:
+        position_budget(model, prompt_length, 1)
+    except PromptTooLongError as err:
+        raise PromptTooLongError(f"question {question['question_id']!r}, turn {turn + 1}: {err}") from None
 
 
 def registered(method: str) -> str:
@@ -92,9 +110,9 @@ class Runner:
                 for name in (method, own_baseline(method)):
                     self.model_of[name], self.counter_of[name] = target, counter
             if spec.ours:
-                ctx = plain if draft is None else Context(target, draft, options)
+                ctx = plain if draft is None else Context(target, draft, scoped_options(method, options))
                 self.decoders[method] = TreeDecoder(target, candidates=build_source(spec.name, target, draft,
-                                                                                    options, context=ctx))
+                                                                                    ctx.options, context=ctx))
             else:
                 self.hf_kwargs[method] = spec.hf(plain)
         self.sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
@@ -126,6 +144,7 @@ class Runner:
         for i, turn in enumerate(question["turns"]):
             messages.append({"role": "user", "content": turn})
             input_ids = chat_input_ids(self.tokenizer, messages)
+            fits(self.model, input_ids.shape[1], question, i)  # HF generate would run past the positions silently
             counter = self.counter_of.get(method, self.counter)
             counter.calls = 0
             start = time.perf_counter()
@@ -163,6 +182,8 @@ def method_results(records: dict, methods: list[str], greedy: bool) -> dict:
 
 def run_single(args, options, model, tokenizer, methods, drafts, questions, command: str) -> tuple[dict, dict]:
     """Every method on every question (all turns); -> (results, records per method)."""
+    for question in questions:  # every first turn fits, before any is timed (later turns are checked as they come)
+        fits(model, chat_input_ids(tokenizer, question["turns"][0]).shape[1], question, 0)
     runner = Runner(args, options, model, tokenizer, methods, drafts)
     for method in methods:  # warm-up: first calls allocate and tune kernels
         runner.run_question(method, {**questions[0], "turns": questions[0]["turns"][:1]})
@@ -205,8 +226,10 @@ def run_batched(args, options, model, tokenizer, methods, drafts, questions, com
         if method != "baseline":
             draft = drafts[method][1] if method in drafts else None  # batched: every draft is on the base itself
             decoders[method] = BatchedTreeDecoder(model, candidates=build_source(registered(method), model, draft,
-                                                                                 options))
+                                                                                 scoped_options(method, options)))
     prompts = [chat_input_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}])[0].tolist() for q in questions]
+    for question, prompt in zip(questions, prompts):
+        fits(model, len(prompt), question, 0)
     batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
 
     def run(method, batch):

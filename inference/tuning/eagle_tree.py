@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from specheads.data.models import add_device_arguments, load_base_model
-from specheads.heads.files import update_config
+from specheads.heads.files import FileWriteError, update_config
 from specheads.heads import EagleDraft, load_heads
 from specheads.inference.cli import positive_int
 from specheads.inference.decoder import TreeDecoder
@@ -101,8 +101,11 @@ def main(argv=None) -> dict:
     chosen = {key: best[key] for key in SHAPE_KEYS}
     print(f"fastest: {chosen}")
     if not args.dry_run:
-        path = update_config(args.heads, {"eagle_tree": chosen, "eagle_tree_measurements": {
-            "plain_tokens_per_s": plain_speed, "candidates": measured}}, what="EAGLE draft")
+        try:
+            path = update_config(args.heads, {"eagle_tree": chosen, "eagle_tree_measurements": {
+                "plain_tokens_per_s": plain_speed, "candidates": measured}}, what="EAGLE draft")
+        except FileWriteError as err:  # a full disk: config.json stays as it was
+            raise SystemExit(f"tune_eagle_tree.py: {err}") from err
         print(f"stored in {path}")
     return chosen
 

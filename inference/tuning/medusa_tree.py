@@ -30,8 +30,9 @@ from tqdm.auto import tqdm
 from specheads.data.models import add_device_arguments, load_base_model
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.heads import MedusaHeads
-from specheads.heads.files import update_config
+from specheads.heads.files import DFLASH_MODEL_TYPE, EAGLE_MODEL_TYPE, FileWriteError, update_config
 from specheads.heads.joint import load_adapted_base
+from specheads.heads.loading import folder_kind
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.methods import MethodOptions, build_decoder
 from specheads.inference.cli import non_negative_int, positive_int
@@ -126,10 +127,27 @@ def write_tree(heads_dir: Path, tree, selection: dict) -> None:
     update_config(heads_dir, {"tree": [list(p) for p in tree], "tree_selection": selection})
 
 
+def heads_check(heads_dir: Path) -> Path:
+    """`heads_dir` if it holds Medusa heads in specheads' format; else ValueError saying what tunes that folder."""
+    kind = folder_kind(heads_dir)
+    if kind == EAGLE_MODEL_TYPE:
+        raise ValueError(f"{heads_dir} holds an EAGLE draft, whose tree is dynamic: scripts/tune_eagle_tree.py "
+                         f"--heads {heads_dir} times its shapes and stores the fastest (build_tree.py is for Medusa heads)")
+    if kind == DFLASH_MODEL_TYPE:
+        raise ValueError(f"{heads_dir} holds a DFlash drafter: build_tree.py is for Medusa heads. A DFlash drafter "
+                         f"decodes with the static tree stored as \"tree\" in {heads_dir / 'config.json'} (rank paths "
+                         f"over its per-position top-k; none: the top-1 chain), or the one --tree gives chat.py / "
+                         f"bench.py")
+    return heads_dir
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     heads_dir = Path(args.heads)
-    config, _ = MedusaHeads.read_config(heads_dir)
+    try:  # before any model loads: a folder this tool does not tune is one line that says what does
+        config, _ = MedusaHeads.read_config(heads_check(heads_dir))
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"--heads: {err}") from err
     model_name = args.model or config.base_model_name_or_path
     tokenizer = chat_tokenizer(model_name, heads_dir, args.chat_template)
     base = load_adapted_base(load_base_model(model_name, args.dtype, args.device, device_map=args.device_map),
@@ -199,7 +217,10 @@ def main(argv=None) -> dict:
                  "dtype": str(base.dtype), "prompts": len(sequences), "threads": torch.get_num_threads(),
                  "chosen_by": chosen_by, "timed_prompts": args.timed_prompts, "timed_tokens": args.timed_tokens}
     if not args.dry_run:
-        write_tree(heads_dir, tree, selection)
+        try:
+            write_tree(heads_dir, tree, selection)
+        except FileWriteError as err:  # a full disk: config.json stays as it was
+            raise SystemExit(f"build_tree.py: {err}") from err
         print(f"tree written to {heads_dir / 'config.json'}")
     return {"tree": tree, **selection}
 
