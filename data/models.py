@@ -125,10 +125,13 @@ def _convert_gguf(gguf_path: Path, target: Path, spec: GGUFModel) -> None:
 
 
 def resolve_model(name_or_path: str) -> str:
-    """Return a path or hub id for `from_pretrained`; converts built-in GGUF models on first use."""
+    """Return a path or hub id for `from_pretrained`; converts built-in GGUF models on first use. A Hub id that
+    cannot be fetched is a HubUnreachableError / HubNotFoundError (FileNotFoundErrors) naming it."""
     spec = BUILTIN_MODELS.get(name_or_path)
-    if spec is None:
-        return name_or_path
+    if spec is None:  # a folder as it is; a Hub id checked within seconds (heads/remote.py), or its cached copy
+        from specheads.heads.remote import resolve_hub_model
+
+        return resolve_hub_model(name_or_path)
     target = cache_root() / "models" / f"{name_or_path}-{_cache_key(_source_files(spec, name_or_path))}"
     if (target / _COMPLETE_MARKER).is_file():
         return str(target)

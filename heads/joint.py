@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .files import read_json_config
+from .remote import resolve_heads
 from .medusa import MedusaHeads
 
 ADAPTER_DIR = "adapter"
@@ -101,7 +102,8 @@ class MedusaWithLoRA(nn.Module):
 
 
 def adapter_of(heads_dir: str | Path) -> Path | None:
-    """The adapter folder a Medusa-2 heads folder names in its config.json, or None for plain heads."""
+    """The adapter folder a Medusa-2 heads folder (or Hub id) names in its config.json, or None for plain heads."""
+    heads_dir = resolve_heads(heads_dir)
     _, config = read_json_config(heads_dir)
     name = config.get("adapter")
     if not name:

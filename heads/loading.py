@@ -17,14 +17,16 @@ from .files import DFLASH_MODEL_TYPE, EAGLE_MODEL_TYPE, MEDUSA_MODEL_TYPE, read_
 from .formats import FORMATS, detect
 from .medusa import MedusaHeads
 from .medusa import check_compatible as medusa_fits
+from .remote import resolve_heads
 
 OWN = {MEDUSA_MODEL_TYPE: MedusaHeads, EAGLE_MODEL_TYPE: EagleDraft, DFLASH_MODEL_TYPE: DFlashDraft}
 
 
 def folder_kind(directory: str | Path) -> str:
     """What a heads folder holds: "specheads-medusa", "specheads-eagle", "specheads-dflash", or the external format whose config.json
-    it has (a key of heads.formats.FORMATS). An unreadable or unknown config is an error naming the file."""
-    path, raw = read_json_config(directory, what="draft heads")
+    it has (a key of heads.formats.FORMATS). An unreadable or unknown config is an error naming the file.
+    `directory` may be a Hub id (heads.remote.resolve_heads: `org/name[@revision][/subfolder]`)."""
+    path, raw = read_json_config(resolve_heads(directory), what="draft heads")
     if raw.get("model_type") in OWN:
         return raw["model_type"]
     kind = detect(raw)
@@ -35,8 +37,12 @@ def folder_kind(directory: str | Path) -> str:
     return kind
 
 
-def load_heads(directory: str | Path, base_model=None) -> MedusaHeads | EagleDraft | DFlashDraft:
-    """Medusa heads, an EAGLE draft or a DFlash drafter from any folder specheads reads; with `base_model`, checked to fit it."""
+def load_heads(directory: str | Path, base_model=None, revision: str | None = None
+               ) -> MedusaHeads | EagleDraft | DFlashDraft:
+    """Medusa heads, an EAGLE draft or a DFlash drafter from any folder specheads reads, or from a Hub id
+    (`org/name[@revision][/subfolder]`, or `revision=`; heads.remote.resolve_heads); with `base_model`, checked
+    to fit it."""
+    directory = resolve_heads(directory, revision)
     kind = folder_kind(directory)
     if kind in OWN:
         return OWN[kind].from_pretrained(directory, base_model=base_model)
@@ -52,7 +58,8 @@ def load_heads(directory: str | Path, base_model=None) -> MedusaHeads | EagleDra
 
 
 def load_medusa_heads(directory: str | Path, base_model=None) -> MedusaHeads:
-    """Medusa heads from any folder that holds them (specheads, FasterDecoding, vLLM Medusa)."""
+    """Medusa heads from any folder that holds them (specheads, FasterDecoding, vLLM Medusa), or a Hub id."""
+    directory = resolve_heads(directory)
     heads = load_heads(directory, base_model=base_model)
     if not isinstance(heads, MedusaHeads):
         what = "a DFlash drafter" if isinstance(heads, DFlashDraft) else f"an EAGLE draft ({heads.config.variant})"

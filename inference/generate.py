@@ -19,6 +19,7 @@ from pathlib import Path
 from specheads.data.models import load_base_model, load_tokenizer
 from specheads.heads import load_heads
 from specheads.heads.files import CHAT_TEMPLATE, CONFIG_NAME
+from specheads.heads.remote import resolve_heads
 from specheads.heads.joint import load_adapted_base
 
 from .cpu_verify import prepare_cpu_verify
@@ -55,7 +56,7 @@ def stored_chat_template(heads) -> str | None:
         return None
     if not isinstance(heads, (str, Path)):
         return (getattr(heads, "extra_config", None) or {}).get(CHAT_TEMPLATE)
-    config = Path(heads) / CONFIG_NAME
+    config = resolve_heads(heads) / CONFIG_NAME
     try:
         value = json.loads(config.read_text()).get(CHAT_TEMPLATE) if config.is_file() else None
     except (OSError, ValueError, AttributeError):
@@ -138,6 +139,8 @@ class SpeculativeGenerator:
         """device: auto (a GPU when there is one) | cpu | cuda | cuda:N | mps; device_map: a base spread over
         several GPUs (transformers' device_map). chat_template: see chat_tokenizer (default: the heads' own).
         cpu_tuning: CPU verify tuning (inference/cpu_verify.py: packed fp32/bf16 linears, SDPA GQA; CPU only)."""
+        if isinstance(heads, (str, Path)):  # a folder, or a Hub id fetched once into the Hugging Face cache
+            heads = resolve_heads(heads)
         tokenizer = chat_tokenizer(model, heads, chat_template)  # a missing template stops before any weights load
         base = load_base_model(model, dtype, device, device_map=device_map)
         if heads:  # Medusa-2 heads carry the LoRA adapter they were trained with: fold it into the base

@@ -189,8 +189,11 @@ def main(argv=None):
         raise SystemExit(f"--questions: {err}") from err
     check_inputs_and_out(args, methods)
     first_draft = next(iter(parse_heads_sets(args.heads).values()), None) or (args.eagle_heads or "").split(",")[0]
-    tokenizer = chat_tokenizer(args.model, first_draft or None, args.chat_template)
-    model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
+    try:
+        tokenizer = chat_tokenizer(args.model, first_draft or None, args.chat_template)
+        model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
+    except (FileNotFoundError, ValueError) as err:  # a missing model folder, a Hub id that cannot be fetched, no
+        raise SystemExit(f"bench: {err}") from err      # chat template: each error names its flag or id
     heads = {}  # bench method -> (the model it decodes on, its Medusa heads)
     if any(METHODS[m].draft == "medusa" for m in methods):
         for method, directory in parse_heads_sets(args.heads).items():
