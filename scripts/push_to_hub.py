@@ -1,12 +1,13 @@
-"""Upload trained Medusa heads or an EAGLE draft, ready for vLLM, with a generated model card to the Hub.
+"""Upload trained draft heads to the Hub, served by vLLM by the repo id, with a generated model card.
 
     python scripts/push_to_hub.py --heads runs/smollm2-135m-medusa1/heads --repo-id you/smollm2-135m-medusa1
     python scripts/push_to_hub.py --heads runs/smollm2-135m-medusa1/heads --repo-id you/x --dry-run /tmp/upload
 
-Uploaded: the heads' config.json and model.safetensors, train_config.json, vllm/ (the vLLM export the engine
-tests serve; heads vLLM cannot serve get none, and the card says why) and the card (README.md): base model,
-license, training config and data, held-out accuracy, tree, the `vllm serve` command, measured speed
-(<run>/bench/results.json).
+Uploaded: at the repo's root the vLLM export the engine tests serve (so `vllm serve BASE --speculative-config
+'{"model": "you/repo", ...}'` loads it by id; heads vLLM cannot serve get none, and the card says why); in
+specheads/ the heads' config.json, model.safetensors and train_config.json (what `--heads you/repo` loads); and
+the card (README.md): base model, license, training config and data, held-out accuracy, tree, the chat and
+`vllm serve` commands, measured speed (<run>/bench/results.json). Medusa heads, EAGLE drafts and DFlash drafters.
 --dry-run DIR writes exactly the files that would be uploaded and uploads nothing. Token: --token, HF_TOKEN
 or `hf auth login`.
 """
@@ -20,7 +21,7 @@ from specheads.heads.hub import DEFAULT_COMMIT_MESSAGE, HubUploadError, push_to_
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--heads", required=True, help="Medusa heads or EAGLE draft folder (specheads format)")
+    parser.add_argument("--heads", required=True, help="Medusa heads, EAGLE draft or DFlash drafter folder (any format load_heads reads)")
     parser.add_argument("--repo-id", required=True, help="e.g. you/smollm2-135m-medusa1")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--revision", default=None, help="branch to upload to (created if missing)")

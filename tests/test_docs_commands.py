@@ -132,9 +132,26 @@ def test_make_command_names_a_target(doc, line, command):
         assert re.search(rf"^{re.escape(target)}:", MAKEFILES, re.M), f"{doc}:{line}: no make target {target!r}"
 
 
+def section_of(doc: str, line: int) -> str:
+    """The `## ` heading above a line of a doc."""
+    headings = [text for text in (REPO / doc).read_text().splitlines()[:line] if text.startswith("## ")]
+    return headings[-1] if headings else ""
+
+
 @pytest.mark.parametrize("doc, line, command", [c for c in COMMANDS if "vllm serve" in c[2]])
 def test_vllm_command_says_what_a_cpu_needs(doc, line, command):
-    assert "VLLM_CPU_KVCACHE_SPACE=" in command, f"{doc}:{line}: vLLM's CPU build stops without its KV cache size"
+    """A `vllm serve` line outside a GPU section sets the CPU build's KV cache; every one gives a speculative_config
+    that is JSON naming a method vLLM has."""
+    import shlex
+
+    from specheads.heads.serving import VLLM_METHODS
+
+    if "GPU" not in section_of(doc, line):
+        assert "VLLM_CPU_KVCACHE_SPACE=" in command, f"{doc}:{line}: vLLM's CPU build stops without its KV cache size"
+    words = shlex.split(command)
+    if "--speculative-config" in words:
+        spec = json.loads(words[words.index("--speculative-config") + 1])
+        assert spec["method"] in VLLM_METHODS.values() and spec["model"], f"{doc}:{line}: {spec}"
 
 
 def test_the_shim_fails_on_a_wrong_flag_a_wrong_value_and_a_wrong_override():

@@ -329,3 +329,43 @@ def test_smollm2_dflash_export_is_served(tmp_path):
     assert comparison.engine_identity == 1.0 and comparison.ours_identity == 1.0
     assert comparison.engine.drafts > 0, "vLLM drafted nothing: the drafter was not used"
     assert comparison.acceptance_gap <= 0.05
+
+
+@pytest.mark.parametrize("format, k", [("vllm-eagle3", 4), ("vllm-medusa", 3)])
+def test_pushed_repo_is_served_by_its_id_from_the_hub_cache(tmp_path, monkeypatch, format, k):
+    """The card's serve command, as printed: a repo written by push_to_hub, put in huggingface_hub's cache layout
+    (HF_HUB_OFFLINE=1), is served by vLLM with `"model": "<repo id>"`, and decoded by us with `--heads <repo id>`;
+    both equal vLLM's plain greedy and accept alike."""
+    from test_hub_ids import cache_repo
+
+    from specheads.heads import load_heads
+    from specheads.heads import remote
+    from specheads.heads.hub import push_to_hub
+    from specheads.heads.serving import vllm_speculative_config
+    from specheads.inference.engines.chain import run_chain
+    from specheads.inference.engines.compare import Comparison
+    from specheads.inference.engines.vllm_engine import plain_run, run_vllm
+
+    model = tiny_engine_base("llama")
+    model.save_pretrained(tmp_path / "base")
+    draft = fitted_medusa(model, num_heads=k) if format == "vllm-medusa" else fitted_draft(model, "eagle3")
+    draft.config.base_model_name_or_path = str(tmp_path / "base")
+    draft.save_pretrained(tmp_path / "heads")
+    repo_id = f"you/tiny-{format}"
+    upload = Path(push_to_hub(tmp_path / "heads", repo_id, dry_run_dir=tmp_path / "upload"))
+    card = (upload / "README.md").read_text()
+    assert f'"model":"{repo_id}","num_speculative_tokens":' in card
+    cache = tmp_path / "hf" / "hub"
+    cache_repo(cache, repo_id, upload)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    remote._FETCHED.clear()
+    ours_draft = load_heads(repo_id, model)  # our side: --heads <repo id>, its specheads/ from the cache
+    prompts = torch.randint(3, VOCAB, (4, 8), generator=torch.Generator().manual_seed(3)).tolist()
+    ours = run_chain(model, ours_draft, prompts, k, 48, [])
+    spec = {"name": format, "speculative_config": vllm_speculative_config(format, repo_id, k)}  # the card's
+    runs = run_vllm(str(tmp_path / "base"), prompts, [plain_run(), spec], max_tokens=48, stop_token_ids=[],
+                    dtype="float32")
+    comparison = Comparison(format, k, "float32", runs["plain"], runs[format], ours)
+    report(comparison, f"pushed {format} served by id")
+    check(comparison, 1.2)

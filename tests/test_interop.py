@@ -5,6 +5,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.heads.export import export
 from specheads.heads.formats import faster_decoding, vllm_medusa
-from specheads.heads.loading import load_medusa_heads
+from specheads.heads.loading import load_heads, load_medusa_heads
 from specheads.heads.hub import HubUploadError, push_to_hub
 from specheads.heads.model_card import render_model_card
 from specheads.heads.weights import UnsafeWeightsError
@@ -395,10 +396,11 @@ def test_dry_run_writes_exactly_the_upload(tmp_path, run_dir):
                                            "--dry-run", str(tmp_path / "upload")])
     assert out is None
     upload = tmp_path / "upload"
-    assert sorted(p.name for p in upload.iterdir()) == ["README.md", "config.json", "model.safetensors",
-                                                         "train_config.json"]
-    assert (upload / "train_config.json").read_bytes() == (run_dir / "train_config.json").read_bytes()
-    assert {k: v for k, v in file_hashes(upload).items() if k in before} == before
+    # vLLM cannot serve these heads: no engine files at the root, specheads' folder in specheads/
+    assert sorted(str(p.relative_to(upload)) for p in upload.rglob("*") if p.is_file()) == [
+        "README.md", "specheads/config.json", "specheads/model.safetensors", "specheads/train_config.json"]
+    assert (upload / "specheads" / "train_config.json").read_bytes() == (run_dir / "train_config.json").read_bytes()
+    assert {k: v for k, v in file_hashes(upload / "specheads").items() if k in before} == before
     assert file_hashes(run_dir / "heads") == before
     card = (upload / "README.md").read_text()
     front = card.split("---\n")[1]
@@ -407,8 +409,11 @@ def test_dry_run_writes_exactly_the_upload(tmp_path, run_dir):
     assert "license: apache-2.0" in front and "- anon8231489123/ShareGPT_Vicuna_unfiltered" in front
     # random 32-wide heads cannot take SmolLM2's lm_head: no vllm/ folder, and the card says why
     assert "vLLM cannot serve these heads as they are: base lm_head weight has shape (49152, 576)" in card
+    assert "root holds no engine files; specheads loads them from `specheads/`" in card
     for text in ["| 2 | 0.250 | 0.500 |", "**1.67**", "[[0], [1], [0, 0]]", "| `train.lr` | `0.01` |",
-                 "Dataset `sharegpt`", "| medusa | 1.50 | 30.0 | 1.20x | 1.00 |", 'snapshot_download("me/tiny-medusa")']:
+                 "Dataset `sharegpt`", "| medusa | 1.50 | 30.0 | 1.20x | 1.00 |",
+                 "inference/chat.py --model HuggingFaceTB/SmolLM2-135M-Instruct --heads me/tiny-medusa",
+                 'heads="me/tiny-medusa"']:
         assert text in card, text
     with pytest.raises(FileExistsError, match="not empty"):
         push_to_hub(run_dir / "heads", "me/tiny-medusa", dry_run_dir=upload)
@@ -458,17 +463,18 @@ def test_push_heads_in_memory_dry_run(tmp_path, run_dir):
     heads = MedusaHeads.from_pretrained(run_dir / "heads")
     push_to_hub(heads, "me/tiny-medusa", dry_run_dir=tmp_path / "upload",
                 train_config=run_dir / "train_config.json", bench_results=run_dir / "bench" / "results.json")
-    assert sorted(p.name for p in (tmp_path / "upload").iterdir()) == ["README.md", "config.json", "model.safetensors",
-                                                                       "train_config.json"]
-    assert json.loads((tmp_path / "upload" / "config.json").read_text())["tree"] == [[0], [1], [0, 0]]
+    own = tmp_path / "upload" / "specheads"
+    assert sorted(p.name for p in own.iterdir()) == ["config.json", "model.safetensors", "train_config.json"]
+    assert json.loads((own / "config.json").read_text())["tree"] == [[0], [1], [0, 0]]
     assert "| medusa | 1.50 |" in (tmp_path / "upload" / "README.md").read_text()
-    reloaded = MedusaHeads.from_pretrained(tmp_path / "upload")
+    reloaded = load_heads(tmp_path / "upload")  # a pushed repo's local copy: its specheads/ is what loads
     torch.testing.assert_close(reloaded.state_dict(), heads.state_dict())
 
 
-def test_eagle_draft_dry_run_carries_the_vllm_folder_and_its_serve_command(tmp_path):
-    """EAGLE drafts publish too: our folder, train_config.json, the vllm-eagle3 export the engine tests serve,
-    and a card whose `vllm serve` command is heads.serving's (the one the engine test starts)."""
+def test_eagle_draft_push_is_served_by_its_repo_id(tmp_path):
+    """EAGLE drafts publish too: the vllm-eagle3 export the engine tests serve at the repo's root (what vLLM reads
+    by id), our folder with train_config.json in specheads/, and a card whose `vllm serve` command is
+    heads.serving's (the one the engine test starts) with the repo id as the draft model."""
     from transformers import LlamaConfig
 
     from specheads.heads import EagleConfig, EagleDraft
@@ -482,20 +488,26 @@ def test_eagle_draft_dry_run_carries_the_vllm_folder_and_its_serve_command(tmp_p
                                                                             "total_tokens": 9}})
     (tmp_path / "run" / "train_config.json").write_text(json.dumps({"data": {"dataset": "sharegpt"}}))
     before = file_hashes(tmp_path / "run" / "heads")
-    upload = Path(push_to_hub(tmp_path / "run" / "heads", "me/tiny-eagle3", dry_run_dir=tmp_path / "upload"))
+    upload = Path(push_to_hub(tmp_path / "run" / "heads", "me/tiny-eagle3", dry_run_dir=tmp_path / "upload",
+                              revision="v1"))
     assert sorted(str(p.relative_to(upload)) for p in upload.rglob("*") if p.is_file()) == [
-        "README.md", "config.json", "model.safetensors", "train_config.json", "vllm/config.json",
-        "vllm/model.safetensors"]
+        "README.md", "config.json", "model.safetensors", "specheads/config.json", "specheads/model.safetensors",
+        "specheads/train_config.json"]
     assert file_hashes(tmp_path / "run" / "heads") == before
-    assert json.loads((upload / "vllm" / "config.json").read_text())["speculators_model_type"] == "eagle3"
-    back = load_heads(upload / "vllm")
-    torch.testing.assert_close(back.state_dict()["fc.weight"], draft.state_dict()["fc.weight"], rtol=0, atol=0)
+    assert json.loads((upload / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    (tmp_path / "engine").mkdir()  # the root's files, as vLLM fetches them by the repo's id
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(upload / name, tmp_path / "engine" / name)
+    engine = load_heads(tmp_path / "engine")
+    torch.testing.assert_close(engine.state_dict()["fc.weight"], draft.state_dict()["fc.weight"], rtol=0, atol=0)
+    ours = load_heads(upload)
+    assert ours.extra_config["eagle_tree"] == {"top_k": 4, "depth": 3, "total_tokens": 9}
     card = (upload / "README.md").read_text()
     for text in ["# EAGLE-3 draft for HuggingFaceTB/SmolLM2-135M-Instruct", "- eagle", "license: apache-2.0",
-                 "huggingface-cli download me/tiny-eagle3 --include 'vllm/*' --local-dir draft",
-                 "vllm serve BASE --dtype bfloat16 --enforce-eager --port 8000 --speculative-config "
-                 """'{"method":"eagle3","model":"draft/vllm","num_speculative_tokens":5}'""",
-                 "top-k 4, depth 3, 9 nodes"]:
+                 "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --dtype bfloat16 --enforce-eager --port 8000 "
+                 """--speculative-config '{"method":"eagle3","model":"me/tiny-eagle3","num_speculative_tokens":5,"""
+                 """"revision":"v1"}'""",
+                 "--heads me/tiny-eagle3@v1", "top-k 4, depth 3, 9 nodes"]:
         assert text in card, text
 
 
@@ -512,8 +524,32 @@ def test_medusa_dry_run_with_a_draft_vocabulary_ships_vllm_folder_and_says_what_
                                      base_model_name_or_path=str(tmp_path / "base")))
     heads.save_pretrained(tmp_path / "heads")
     upload = Path(push_to_hub(tmp_path / "heads", "me/tiny", dry_run_dir=tmp_path / "upload"))
-    tensors = load_file(upload / "vllm" / "model.safetensors")
+    tensors = load_file(upload / "model.safetensors")
     torch.testing.assert_close(tensors["lm_heads.0.weight"], base.lm_head.weight)
     card = (upload / "README.md").read_text()
-    assert '"method":"medusa","model":"draft/vllm","num_speculative_tokens":3' in card
+    assert '"method":"medusa","model":"me/tiny","num_speculative_tokens":3' in card
     assert "Note: vLLM's Medusa (no token_map) cannot load a draft vocabulary: the export ranks all 100 tokens" in card
+
+
+def test_dflash_drafter_pushes_and_is_served_by_its_repo_id(tmp_path, tiny_llama_dir):
+    """DFlash drafters push like the others (they were refused, with a hint that pointed back at itself): vLLM's
+    `dflash` export at the root, specheads' folder in specheads/, a card with the id-based `vllm serve` command."""
+    from transformers import AutoConfig
+
+    from specheads.heads import DFlashConfig, DFlashDraft
+
+    torch.manual_seed(0)
+    base_config = AutoConfig.from_pretrained(tiny_llama_dir)
+    draft = DFlashDraft(DFlashConfig.for_base(base_config, str(tiny_llama_dir), block_size=4, target_layer_ids=[0]))
+    draft.save_pretrained(tmp_path / "heads")
+    upload = Path(push_to_hub(tmp_path / "heads", "me/tiny-dflash", dry_run_dir=tmp_path / "upload"))
+    assert sorted(str(p.relative_to(upload)) for p in upload.rglob("*") if p.is_file()) == [
+        "README.md", "config.json", "model.safetensors", "specheads/config.json", "specheads/model.safetensors"]
+    assert json.loads((upload / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    back = load_heads(upload)
+    assert isinstance(back, DFlashDraft)
+    torch.testing.assert_close(back.state_dict(), draft.state_dict(), rtol=0, atol=0)
+    card = (upload / "README.md").read_text()
+    for text in ["# DFlash drafter for", "- dflash", "block of 4 positions",
+                 """'{"method":"dflash","model":"me/tiny-dflash","num_speculative_tokens":3}'"""]:
+        assert text in card, text

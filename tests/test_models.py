@@ -7,8 +7,19 @@ import pytest
 from specheads.data import models
 
 
-def test_hub_ids_and_paths_pass_through(tmp_path):
+def test_hub_ids_and_paths_pass_through(tmp_path, monkeypatch):
+    """A folder as it is; a Hub id the Hub answers for as it is (transformers fetches it); an unreachable Hub is
+    tests/test_hub_ids.py's."""
+    from specheads.heads import remote
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    asked = []
+    monkeypatch.setattr(remote, "_ask_hub", lambda endpoint, repo, revision: asked.append(repo) or ("0" * 40, ""))
     assert models.resolve_model("lmsys/vicuna-7b-v1.3") == "lmsys/vicuna-7b-v1.3"
+    assert asked == ["lmsys/vicuna-7b-v1.3"]
     assert models.resolve_model(str(tmp_path)) == str(tmp_path)
 
 
