@@ -288,7 +288,7 @@ def test_results_store_copies_benchmarks_so_a_fresh_clone_can_regenerate_the_sec
     assert sorted(p.name for p in copies[0].iterdir()) == ["results.json", "results.md"]
     assert results.render_bench(copies[0]) == results.render_bench(run)
     assert results.store_benchmarks(copies, store) == copies  # storing the stored copies again is a no-op
-    with pytest.raises(SystemExit, match="share a folder name"):
+    with pytest.raises(results.ResultsError, match="share a folder name"):
         results.store_benchmarks([run, copies[0]], tmp_path / "elsewhere")
 
 

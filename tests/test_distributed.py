@@ -197,9 +197,10 @@ def test_medusa2_resumes_to_the_uninterrupted_weights(kind, runs, tmp_path, tiny
 
 
 def test_resume_refuses_another_zero_stage():
+    from specheads.train.config import RunError
     from specheads.train.resume import check_same_run
 
-    with pytest.raises(SystemExit, match=r"step-000004 was trained with other settings \(DeepSpeed zero_stage: 2 -> 3\)"):
+    with pytest.raises(RunError, match=r"step-000004 was trained with other settings \(DeepSpeed zero_stage: 2 -> 3\)"):
         check_same_run({}, {}, "step-000004", 2, 2, 2, 3)
     check_same_run({}, {}, "step-000004", 2, 2, None, 3)  # a checkpoint from before DeepSpeed's state was kept
 

@@ -18,7 +18,7 @@ def train_main(config_class, make_task, argv, description: str, trainer_class=No
     from specheads.data.chat_templates import ChatTemplateError
     from specheads.data.sharegpt import DataFileError
     from specheads.train.checkpoint import CheckpointWriteError
-    from specheads.train.config import ConfigError, load_config
+    from specheads.train.config import ConfigError, RunError, load_config
     from specheads.train.data_order import TooFewExamples
     from specheads.train.trainer import Trainer
 
@@ -34,7 +34,12 @@ def train_main(config_class, make_task, argv, description: str, trainer_class=No
         return 2
     try:
         (trainer_class or Trainer)(cfg, make_task, resume=args.resume).run()
-    except (CheckpointWriteError, DataFileError, FileNotFoundError, ChatTemplateError, TooFewExamples) as err:
+    except ConfigError as err:  # a setting found wrong once the base or the data are known
+        close_progress_bars()
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    except (RunError, CheckpointWriteError, DataFileError, FileNotFoundError, ChatTemplateError,
+            TooFewExamples) as err:
         # each names its file, line or option
         close_progress_bars()
         print(f"error: {err}", file=sys.stderr)

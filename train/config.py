@@ -20,7 +20,12 @@ import yaml
 
 
 class ConfigError(ValueError):
-    pass
+    """A config (file, override or one of its values) that cannot be trained: names the field."""
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or go on as asked (its folder in use or holding checkpoints, a --resume with other
+    settings, no readable checkpoint); nothing was changed. Command lines print it as one line, exit 1."""
 
 
 def _type_name(tp) -> str:

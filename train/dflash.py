@@ -24,7 +24,7 @@ from specheads.data.tokenization import IGNORE_INDEX
 from specheads.heads.dflash import DFlashConfig, DFlashDraft
 from specheads.train.acceptance import accuracy_result, chunked_chain_counts, heldout_acceptance
 from specheads.train.cli import train_main
-from specheads.train.config import DataSection, ModelSection, TrainSection
+from specheads.train.config import ConfigError, DataSection, ModelSection, TrainSection
 from specheads.train.data_order import heldout_batches
 from specheads.train.features import FeatureSource, feature_cache_dir
 from specheads.train.schedule import stages
@@ -188,7 +188,7 @@ class DFlashTask(DraftTask):
         draft = DFlashDraft.from_pretrained(source, base)
         for name in ("block_size", "num_layers", "target_layer_ids", "mask_token_id", "causal"):
             if getattr(draft.config, name) != getattr(config, name):
-                raise SystemExit(f"dflash.init_draft: {source} has {name}={getattr(draft.config, name)!r}, "
+                raise ConfigError(f"dflash.init_draft: {source} has {name}={getattr(draft.config, name)!r}, "
                                  f"this config builds {name}={getattr(config, name)!r}")
         return draft
 

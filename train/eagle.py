@@ -29,7 +29,7 @@ from specheads.train.features import FeatureSource, feature_cache_dir
 from specheads.train.acceptance import accuracy_result, along_chain, chain_starts, chunked_chain_counts, heldout_acceptance
 from specheads.train.losses import mix_greedy_target, soft_cross_entropy, total_variation, unrolled_step_mask
 from specheads.train.cli import train_main
-from specheads.train.config import DataSection, ModelSection, TrainSection, check_draft_loss, check_finite
+from specheads.train.config import ConfigError, DataSection, ModelSection, TrainSection, check_draft_loss, check_finite
 from specheads.train.data_order import heldout_batches
 from specheads.train.schedule import stages
 from specheads.train.task import DraftTask
@@ -217,7 +217,7 @@ class EagleTask(DraftTask):
         theirs = draft.config
         for name in ("variant", "draft_vocab_size", "aux_layer_ids"):
             if getattr(theirs, name) != getattr(config, name):
-                raise SystemExit(f"eagle.init_draft: {source} has {name}={getattr(theirs, name)!r}, "
+                raise ConfigError(f"eagle.init_draft: {source} has {name}={getattr(theirs, name)!r}, "
                                  f"this config builds {name}={getattr(config, name)!r}")
         return draft
 

@@ -31,7 +31,7 @@ from specheads.train.losses import (chunked_medusa_loss, head_positions, heads_w
 from specheads.train.cli import train_main
 from specheads.train.acceptance import (accuracy_logs, accuracy_result, along_chain, chain_starts, chunked_chain_counts,
                                         format_accuracy, heldout_acceptance)
-from specheads.train.config import DataSection, ModelSection, TrainSection, check_draft_loss
+from specheads.train.config import ConfigError, DataSection, ModelSection, TrainSection, check_draft_loss
 from specheads.train.data_order import heldout_batches
 from specheads.train.schedule import stages
 from specheads.train.task import DraftTask
@@ -267,7 +267,7 @@ class Medusa2Task(MedusaTask):
         lora = self.cfg.lora
         missing = [m for m in lora.target_modules if not any(n.endswith("." + m) for n, _ in base.named_modules())]
         if missing:
-            raise SystemExit(f"lora.target_modules: {base.config.model_type} has no modules named {missing}")
+            raise ConfigError(f"lora.target_modules: {base.config.model_type} has no modules named {missing}")
         peft_base = get_peft_model(base, lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules))
         return MedusaWithLoRA(peft_base, heads)
 

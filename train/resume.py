@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .checkpoint import STATE_NAME, checkpoint_dirs, checkpoint_problem
+from .config import RunError
 
 
 def flat_config(tree: dict, skip: str | None = None) -> dict:
@@ -43,7 +44,7 @@ def check_same_run(saved: dict, current: dict, checkpoint, saved_processes: int 
     if saved_zero_stage is not None and zero_stage is not None and saved_zero_stage != zero_stage:
         changed.append(f"DeepSpeed zero_stage: {saved_zero_stage} -> {zero_stage}")
     if changed:
-        raise SystemExit(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
+        raise RunError(f"--resume: {checkpoint} was trained with other settings ({'; '.join(changed)}); "
                          "resume with the saved values or use a new train.output_dir (nothing was changed)")
 
 
@@ -67,7 +68,7 @@ def apply_config_hyperparameters(optimizer, scheduler, fresh_groups: list[dict])
 
 def resume_point(checkpoints: Path, say) -> tuple[Path | None, dict]:
     """The newest checkpoint whose files all read back, and its trainer state; damaged newer ones are named by `say`.
-    (None, {}) when there is none at all; a SystemExit when every one is damaged."""
+    (None, {}) when there is none at all; a RunError when every one is damaged."""
     damaged = []
     for directory in reversed(checkpoint_dirs(checkpoints)):
         problem = checkpoint_problem(directory)
@@ -77,7 +78,7 @@ def resume_point(checkpoints: Path, say) -> tuple[Path | None, dict]:
             return directory, json.loads((directory / STATE_NAME).read_text())
         damaged.append((directory, problem))
     if damaged:
-        raise SystemExit(f"--resume: no readable checkpoint under {checkpoints} ("
+        raise RunError(f"--resume: no readable checkpoint under {checkpoints} ("
                          + "; ".join(f"{d.name}: {why}" for d, why in damaged)
                          + "); nothing was changed: move them aside to start afresh")
     return None, {}

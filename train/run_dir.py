@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from specheads.heads.files import write_text
+from specheads.train.config import RunError
 
 LOCK_NAME = ".lock"  # in train.output_dir: flock'ed for the whole run (the OS drops it when the process dies)
 OWNER_NAME = ".lock.owner"  # who holds it, for the message of a run that finds it taken
@@ -34,11 +35,11 @@ class OutputDirLock:
                 owner = (self.directory / OWNER_NAME).read_text().strip()
             except OSError:
                 owner = ""
-            raise SystemExit(f"train.output_dir {self.directory} is in use by another training run"
+            raise RunError(f"train.output_dir {self.directory} is in use by another training run"
                              f"{f' ({owner})' if owner else ''}: wait for it to end or choose another "
                              "train.output_dir (nothing was changed)") from None
         except OSError as err:  # after Timeout, an OSError too
-            raise SystemExit(f"train.output_dir {self.directory}: cannot take its lock: {err}") from None
+            raise RunError(f"train.output_dir {self.directory}: cannot take its lock: {err}") from None
         self.lock = lock
         write_text(self.directory / OWNER_NAME, f"pid {os.getpid()} on {socket.gethostname()} since "
                                                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")

@@ -36,7 +36,7 @@ from specheads.heads.files import CHAT_TEMPLATE, write_text
 from specheads.heads.fingerprint import KEY as FINGERPRINT
 from specheads.heads.fingerprint import base_fingerprint
 from specheads.train.checkpoint import CheckpointWriteError, latest_checkpoint, load_checkpoint, save_checkpoint
-from specheads.train.config import config_to_dict
+from specheads.train.config import ConfigError, RunError, config_to_dict
 from specheads.train.data_order import load_examples, micro_batches
 from specheads.train.distributed import (accelerator_settings, gathered_state_dict, load_engine_state, rank_checksums,
                                          rank_rng_states, resolve_mixed_precision, save_engine_state, uses_deepspeed,
@@ -91,10 +91,10 @@ class Trainer:
         run refuses a folder with checkpoints, a resumed one a checkpoint of other settings."""
         accelerator = self.accelerator
         if self.scheduled and len(self.stages) > 1 and uses_deepspeed(accelerator):
-            raise SystemExit("schedule: each stage starts a fresh optimizer, which a DeepSpeed engine cannot take: "
+            raise ConfigError("schedule: each stage starts a fresh optimizer, which a DeepSpeed engine cannot take: "
                              "run the schedule without DeepSpeed, or its stages as separate runs")
         if not self.resuming and latest_checkpoint(self.checkpoints) is not None:
-            raise SystemExit(f"{self.checkpoints} already holds checkpoints: pass --resume to continue that run, "
+            raise RunError(f"{self.checkpoints} already holds checkpoints: pass --resume to continue that run, "
                              "or set train.output_dir to a new folder (nothing was overwritten)")
         self.latest, self.saved_state, self.first_stage = None, {}, 0
         if not self.resuming:
@@ -162,7 +162,7 @@ class Trainer:
             if uses_deepspeed(accelerator):  # no dataloader goes through prepare, so DeepSpeed is told the batch size
                 ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
                 if ds_config.get("gradient_accumulation_steps", t.grad_accum) not in ("auto", t.grad_accum):
-                    raise SystemExit(f"the DeepSpeed config accumulates {ds_config['gradient_accumulation_steps']} "
+                    raise ConfigError(f"the DeepSpeed config accumulates {ds_config['gradient_accumulation_steps']} "
                                      f"micro-batches but train.grad_accum is {t.grad_accum}: make them equal")
                 ds_config.update(train_micro_batch_size_per_gpu=t.batch_size, gradient_accumulation_steps=t.grad_accum,
                                  train_batch_size=self.per_update)
@@ -188,7 +188,7 @@ class Trainer:
             state = load_checkpoint(latest, None if uses_deepspeed(accelerator) else optimizer,
                                     accelerator.process_index)
         except ValueError as err:
-            raise SystemExit(f"--resume: {err}") from None
+            raise RunError(f"--resume: {err}") from None
         self.scheduler.load_state_dict(state["scheduler"])
         apply_config_hyperparameters(optimizer, self.scheduler, fresh_groups)
         self.fresh_groups = fresh_groups
@@ -262,10 +262,9 @@ class Trainer:
                 loss, per_part = self.task.loss(self.module, self.base, batch, indices, self.updates)
             if not torch.isfinite(loss):
                 last = latest_checkpoint(self.checkpoints)
-                accelerator.print(f"non-finite loss ({loss.item()}) at step {self.updates}, micro-batch {micro_index}; "
-                                  f"stopping. Last good checkpoint: {last or 'none'}")
                 accelerator.end_training()
-                raise SystemExit(1)
+                raise RunError(f"non-finite loss ({loss.item()}) at step {self.updates}, micro-batch {micro_index}; "
+                               f"stopping. Last good checkpoint: {last or 'none'}")
             accelerator.backward(loss)
             if accelerator.sync_gradients and t.max_grad_norm and not uses_deepspeed(accelerator):  # DS clips itself
                 accelerator.clip_grad_norm_(self.module.parameters(), t.max_grad_norm)
@@ -323,7 +322,7 @@ class Trainer:
         aside, then swapped in by renames; recover_best_folder finishes a swap a crash interrupted)."""
         by = self.cfg.train.best_by
         if by is not None and by not in result:
-            raise SystemExit(f"train.best_by: the {self.task.name} evaluation does not measure {by} (it gives "
+            raise ConfigError(f"train.best_by: the {self.task.name} evaluation does not measure {by} (it gives "
                              f"{', '.join(k for k, v in result.items() if isinstance(v, float))})")
         if by is None or (self.best is not None and not result[by] > self.best["value"]):
             return

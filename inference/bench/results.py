@@ -24,6 +24,10 @@ from specheads.heads.files import write_text
 
 from .report import machine, noise_line, write_results
 
+
+class ResultsError(ValueError):
+    """A run, benchmark folder or results page that cannot be rendered as asked: names the folder or file."""
+
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 # Vicuna-7B, 5 heads, ShareGPT (Medusa paper, via shared/REFERENCE.md)
 VICUNA_TOP1 = [0.56, 0.32, 0.20, 0.15, 0.12]
@@ -47,7 +51,7 @@ def heldout_result(run: Path) -> dict:
         return json.loads((run / "eval.json").read_text())
     stored = stored_heads_config(run).get("heldout_accuracy")
     if stored is None:
-        raise SystemExit(f"{run}: neither eval.json nor a config.json with heldout_accuracy")
+        raise ResultsError(f"{run}: neither eval.json nor a config.json with heldout_accuracy")
     return stored
 
 
@@ -282,7 +286,7 @@ def store_benchmarks(bench_dirs: list[Path], store: Path) -> list[Path]:
     """Copy each benchmark's results.json and results.md to store/<its folder name>; return the copies."""
     names = [directory.name for directory in bench_dirs]
     if len(set(names)) != len(names):
-        raise SystemExit(f"--store: two benchmarks share a folder name ({names}); their copies would overwrite")
+        raise ResultsError(f"--store: two benchmarks share a folder name ({names}); their copies would overwrite")
     copies = []
     for directory in bench_dirs:
         copy = store / directory.name
@@ -309,13 +313,20 @@ def replace_between_markers(path: Path, section: str) -> None:
     """The text between path's results markers becomes `section` (temp file + rename)."""
     text = path.read_text()
     if START not in text or END not in text:
-        raise SystemExit(f"{path}: results markers {START} ... {END} are missing")
+        raise ResultsError(f"{path}: results markers {START} ... {END} are missing")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     write_text(path, f"{head}{START}\n{section}\n{END}{tail}")
 
 
 def main(argv=None) -> None:
+    try:
+        regenerate(argv)
+    except (ResultsError, FileNotFoundError) as err:
+        raise SystemExit(f"results.py: {err}") from None
+
+
+def regenerate(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", action="append", type=Path, help="training run folder (repeatable)")
     parser.add_argument("--bench", action="append", default=[], type=Path, help="extra bench.py --out folder (repeatable)")
@@ -328,7 +339,7 @@ def main(argv=None) -> None:
     runs = args.run or [Path("runs/smollm2-135m-medusa1")]
     for directory in args.bench:
         if not (directory / "results.json").is_file():
-            raise SystemExit(f"--bench {directory}: no results.json (a scripts/bench.py --out folder is expected)")
+            raise ResultsError(f"--bench {directory}: no results.json (a scripts/bench.py --out folder is expected)")
         if args.refigure and (directory / "records.json").is_file():
             refigure(directory)
     if args.store:
