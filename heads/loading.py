@@ -10,16 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from .dflash import DFlashDraft
-from .dflash import check_compatible as dflash_fits
 from .eagle import EagleDraft
-from .eagle import check_compatible as eagle_fits
 from .files import DFLASH_MODEL_TYPE, EAGLE_MODEL_TYPE, MEDUSA_MODEL_TYPE, read_json_config
 from .formats import FORMATS, detect
+from .kinds import MODULE_BY_MODEL_TYPE, kind_of
 from .medusa import MedusaHeads
-from .medusa import check_compatible as medusa_fits
 from .remote import resolve_heads
 
-OWN = {MEDUSA_MODEL_TYPE: MedusaHeads, EAGLE_MODEL_TYPE: EagleDraft, DFLASH_MODEL_TYPE: DFlashDraft}
+OWN = MODULE_BY_MODEL_TYPE  # specheads' own folders: model_type -> the class that loads them (heads.kinds)
 
 
 def folder_kind(directory: str | Path) -> str:
@@ -51,9 +49,7 @@ def load_heads(directory: str | Path, base_model=None, revision: str | None = No
         raise ValueError(f"{directory}: a {kind!r} folder cannot be read back as heads")
     heads = reader(directory, base_model=base_model)
     if base_model is not None:
-        check = (medusa_fits if isinstance(heads, MedusaHeads) else
-                 dflash_fits if isinstance(heads, DFlashDraft) else eagle_fits)
-        check(heads.config, base_model.config, source=str(directory))
+        kind_of(heads).check(heads.config, base_model.config, source=str(directory))
     return heads
 
 
@@ -61,7 +57,7 @@ def load_medusa_heads(directory: str | Path, base_model=None) -> MedusaHeads:
     """Medusa heads from any folder that holds them (specheads, FasterDecoding, vLLM Medusa), or a Hub id."""
     directory = resolve_heads(directory)
     heads = load_heads(directory, base_model=base_model)
-    if not isinstance(heads, MedusaHeads):
-        what = "a DFlash drafter" if isinstance(heads, DFlashDraft) else f"an EAGLE draft ({heads.config.variant})"
-        raise ValueError(f"{directory}: holds {what}, not Medusa heads")
+    kind = kind_of(heads)
+    if kind.name != "medusa":
+        raise ValueError(f"{directory}: holds {kind.title}, not Medusa heads")
     return heads

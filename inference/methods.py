@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specheads.heads import DFlashDraft, EagleDraft, MedusaHeads
+from specheads.heads.kinds import kind_of
 
 from .candidates import (FallbackCandidates, MedusaCandidates, MergedCandidates, PromptLookupCandidates,
                          lookup_with_heads)
@@ -201,22 +201,13 @@ register("dflash_pld", "dflash with prompt lookup (pld_combine)", draft="dflash"
 
 
 def draft_kind(draft) -> str | None:
-    """What a loaded draft is, in Method.draft's terms."""
-    if draft is None:
-        return None
-    if isinstance(draft, EagleDraft):
-        return draft.config.variant
-    if isinstance(draft, DFlashDraft):
-        return "dflash"
-    if isinstance(draft, MedusaHeads):
-        return "medusa"
-    raise TypeError(f"not a draft: {type(draft).__name__}")
+    """What a loaded draft is, in Method.draft's terms (heads.kinds)."""
+    return None if draft is None else kind_of(draft).name
 
 
 def method_for(draft, prompt_lookup: bool = False) -> str:
     """The method that decodes with this draft (None: none), with prompt lookup or not (chat.py's choice)."""
-    name = {None: "plain", "medusa": "medusa", "eagle1": "eagle2", "eagle3": "eagle3",
-            "dflash": "dflash"}[draft_kind(draft)]
+    name = "plain" if draft is None else kind_of(draft).method
     if prompt_lookup:
         return "pld" if name == "plain" else name + "_pld"
     return name
@@ -233,7 +224,7 @@ def build_source(name: str, model, draft=None, options: MethodOptions | None = N
         raise ValueError(f"method {name} decodes with a {method.draft} draft, got {kind or 'none'}")
     if method.draft is None and draft is not None:
         raise ValueError(f"method {name} takes no draft")
-    if kind in ("eagle1", "eagle3") and (options or MethodOptions()).tree is not None:
+    if draft is not None and kind_of(draft).chain == "dynamic" and (options or MethodOptions()).tree is not None:
         raise ValueError("a static tree (--tree) is for Medusa heads; an EAGLE draft grows its own: set it with "
                          "top_k / depth / total_tokens / min_prob (--eagle-top-k, ...)")
     ctx = context or Context(model, draft, options)

@@ -11,7 +11,7 @@ HEADS = Path(__file__).resolve().parents[1] / "heads"
 LAYERS = {
     "files": 0, "weights": 0, "fingerprint": 0, "remote": 0,
     "medusa": 1, "eagle": 1, "dflash": 1, "joint": 1,
-    "formats": 2,
+    "formats": 2, "kinds": 2,
     "loading": 3, "export": 3,
     "serving": 4, "model_card": 4, "hub": 4, "__init__": 4,
 }

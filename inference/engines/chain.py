@@ -11,34 +11,27 @@ from dataclasses import dataclass
 
 import torch
 
-from specheads.heads import DFlashDraft, EagleDraft, MedusaHeads
+from specheads.heads.kinds import kind_of
 
 from ..decoder import TreeDecoder
-from ..methods import MethodOptions, build_decoder, method_for
-
-
-def chain_tree(k: int) -> list[list[int]]:
-    """Medusa's top-1 chain of k tokens as a static tree: [[0], [0, 0], ..., [0] * k]."""
-    return [[0] * depth for depth in range(1, k + 1)]
+from ..methods import MethodOptions, build_decoder
+from ..tree import chain_tree
 
 
 def chain_decoder(model, draft, k: int) -> TreeDecoder:
-    """A decoder that drafts what a chain-drafting engine drafts: k tokens, top-1 each."""
+    """A decoder that drafts what a chain-drafting engine drafts: k tokens, top-1 each (heads.kinds says how: an
+    EAGLE draft grows a one-wide dynamic tree k deep; Medusa heads and a DFlash block a static chain)."""
     if k < 1:
         raise ValueError(f"a chain drafts k >= 1 tokens, got {k}")
-    if isinstance(draft, EagleDraft):
-        chain = MethodOptions(eagle_tree={"top_k": 1, "depth": k, "total_tokens": k + 1, "min_prob": 0.0})
-        return build_decoder(method_for(draft), model, draft, chain)
-    if isinstance(draft, DFlashDraft):  # vLLM: the anchor + k mask slots, one forward, top-1 each
-        if k > draft.config.num_draft_tokens:
-            raise ValueError(f"a DFlash drafter drafts at most block_size - 1 = {draft.config.num_draft_tokens} "
-                             f"tokens per forward, not k={k}")
-        return build_decoder("dflash", model, draft, MethodOptions(tree=chain_tree(k)))
-    if isinstance(draft, MedusaHeads):
-        if k > draft.config.num_heads:
-            raise ValueError(f"a Medusa chain drafts one token per head: k={k} > {draft.config.num_heads} heads")
-        return build_decoder("medusa", model, draft, MethodOptions(tree=chain_tree(k)))
-    raise TypeError(f"no chain for a draft of type {type(draft).__name__}")
+    kind = kind_of(draft)
+    limit = kind.chain_limit(draft) if kind.chain_limit else None
+    if limit is not None and k > limit:
+        raise ValueError(f"{kind.title} draft at most {limit} tokens per step, not k={k}")
+    if kind.chain == "dynamic":
+        options = MethodOptions(eagle_tree={"top_k": 1, "depth": k, "total_tokens": k + 1, "min_prob": 0.0})
+    else:
+        options = MethodOptions(tree=chain_tree(k))
+    return build_decoder(kind.method, model, draft, options)
 
 
 @dataclass

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from specheads.data.models import add_device_arguments, load_base_model
 from specheads.heads.files import FileWriteError, update_config
-from specheads.heads import EagleDraft, load_heads
+from specheads.heads import load_heads
+from specheads.heads.kinds import kind_of
 from specheads.inference.cli import positive_int
 from specheads.inference.decoder import TreeDecoder
 from specheads.inference.eagle import check_tree_settings
@@ -76,8 +77,10 @@ def main(argv=None) -> dict:
     tokenizer = chat_tokenizer(args.model, args.heads, args.chat_template)
     model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
     draft = load_heads(args.heads, model)
-    if not isinstance(draft, EagleDraft):
-        raise SystemExit(f"{args.heads} holds Medusa heads: use scripts/build_tree.py for those")
+    kind = kind_of(draft)
+    if kind.chain != "dynamic":
+        hint = "use scripts/build_tree.py for those" if kind.name == "medusa" else "it drafts a block, not a tree"
+        raise SystemExit(f"{args.heads} holds {kind.title}, not an EAGLE draft: {hint}")
     prepare_cpu_verify(model, draft, enabled=not args.untuned_cpu)
     eos = eos_token_ids(model, tokenizer)
     questions = [json.loads(line) for line in Path(args.questions).read_text().splitlines() if line.strip()]
