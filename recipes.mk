@@ -1,6 +1,6 @@
 # Recipes and benchmark replays: every committed head, dataset and result is made by one target here
 # (included by the Makefile, which keeps set-up, the demo and the tests; `make help` lists both).
-.PHONY: medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results
+.PHONY: distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results
 
 # The full Medusa-1 recipe (~55 minutes on 2 cores, 41 of them training; the committed heads/trained/smollm2-135m-medusa1
 # used its config with heads.draft_vocab_size=8192 from the start): train Medusa-1 heads on SmolLM2-135M-Instruct's own
@@ -163,6 +163,11 @@ QWEN_LIMIT ?= 600
 distill-qwen: setup-qwen
 	$(BIN)/python scripts/self_distill.py --model $(QWEN) --out $(QWEN_DISTILLED) --split train --limit $(QWEN_LIMIT) \
 		--batch-size 32 --max-new-tokens 160 --max-prompt-tokens 256
+
+# Self-distillation's answers/hour and tokens/s, HF against vLLM on the same 200 prompts in one run (docs/training.md).
+distill-throughput: setup setup-engines
+	$(BIN)/python scripts/distill_throughput.py --model smollm2-135m-instruct --prompts 200 --max-new-tokens 128 \
+		--dtype fp32 --out runs/distill-throughput
 
 # Regenerate the self-distilled training data of the SmolLM2 recipes (SmolLM2's own answers; ~15 minutes).
 DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl

@@ -2,7 +2,10 @@
 
 Heads learn to predict what *this* base model will say, which is what speculation must match.
 Each conversation's assistant turns are regenerated in order, the regenerated answers fed back
-(the original answers are dropped). Batched with left padding, bf16 where the CPU has it.
+(the original answers are dropped). Who answers is a backend (data/answer_backends.py): HF `generate` here
+(batched with left padding, bf16 where the CPU has it), vLLM's offline engine (--backend vllm) or an
+OpenAI-compatible server (--endpoint URL); each gets the same prompt token ids, rendered with the chat template
+the training uses.
 Resumable: records are appended one complete line at a time; a rerun skips the conversations
 already written (and drops a half-written last line), so nothing is duplicated or lost.
 Output is ShareGPT-format JSONL that `data.dataset` accepts. The command line is scripts/self_distill.py.
@@ -20,12 +23,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specheads.data.models import add_device_arguments, load_base_model, load_tokenizer
+from specheads.data.answer_backends import (BACKENDS, AnswerBackend, BackendError, EndpointBackend, HFBackend,
+                                            Sampling, VLLMBackend, stop_token_ids)
+from specheads.data.models import add_device_arguments, load_base_model, load_tokenizer, resolve_model
 from specheads.heads.files import check_output_file
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.questions import base_id
 from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
-from specheads.inference.generate import eos_token_ids
 
 USAGE = """Regenerate the assistant turns of a ShareGPT-format dataset with the base model itself.
 
@@ -63,7 +67,32 @@ def parse_args(argv=None):
                         help="prompt format, as the training will use it (data.chat_template): a built-in name, "
                              "Jinja string or file; needed for a tokenizer that ships none (Vicuna)")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    parser.add_argument("--backend", choices=BACKENDS, default="hf",
+                        help="who answers: hf (transformers' generate here) or vllm (vLLM's offline engine in its own "
+                             "venv, `make setup-engines`; --dtype applies, --device is vLLM's own)")
+    parser.add_argument("--endpoint", default=None, metavar="URL",
+                        help="answer through an OpenAI-compatible server instead (vLLM, SGLang, TGI, llama.cpp's "
+                             "server): URL/v1/completions gets the prompts as token ids")
+    parser.add_argument("--served-model", default=None,
+                        help="the model name the --endpoint serves (default: --model)")
+    parser.add_argument("--engine-log", default=None, help="vLLM's log file (--backend vllm; default: a temp file)")
+    args = parser.parse_args(argv)
+    if args.endpoint and args.backend != "hf":
+        parser.error("--endpoint and --backend vllm both name who answers: give one")
+    return args
+
+
+def open_backend(args, tokenizer) -> AnswerBackend:
+    """The backend the command line asks for (loads the model where it runs here)."""
+    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_p, args.seed)
+    if args.endpoint:
+        return EndpointBackend(args.endpoint, args.served_model or args.model, sampling)
+    model_path = resolve_model(args.model)
+    if args.backend == "vllm":
+        return VLLMBackend(model_path, tokenizer, sampling, stop_token_ids(model_path, tokenizer), args.dtype,
+                           log=args.engine_log)
+    model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
+    return HFBackend(model, tokenizer, sampling, stop_token_ids(model_path, tokenizer))
 
 
 def completed_ids(path: Path, warn=None) -> set[str]:
@@ -97,23 +126,16 @@ def completed_ids(path: Path, warn=None) -> set[str]:
     return done
 
 
-@torch.inference_mode()
-def generate_batch(model, tokenizer, histories: list[list[dict]], args, eos) -> tuple[list[str], int]:
-    """One assistant turn for each history (left-padded batch); returns texts and new-token count."""
+def render_prompts(tokenizer, histories: list[list[dict]]) -> list[list[int]]:
+    """Each history through the chat template, ready for the assistant's turn, as token ids (every backend gets
+    these very ids)."""
     texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    kwargs = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-    if args.temperature > 0:
-        kwargs.update(do_sample=True, temperature=args.temperature, top_p=args.top_p)
-    else:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    out = model.generate(**batch, **kwargs)[:, batch["input_ids"].shape[1]:]
-    answers, new_tokens = [], 0
-    for row in out.tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        new_tokens += cut
-        answers.append(tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
-    return answers, new_tokens
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+
+
+def answer_batch(backend: AnswerBackend, tokenizer, histories: list[list[dict]]) -> tuple[list[str], int]:
+    """One assistant turn for each history; returns texts and new-token count."""
+    return backend.answer(render_prompts(tokenizer, histories))
 
 
 BENCHMARK_QUESTIONS = ("sharegpt-test.jsonl", "sharegpt-tune.jsonl")  # in data/questions/
@@ -179,8 +201,6 @@ def main(argv=None):
     except ValueError as err:
         raise SystemExit(f"self_distill.py: {err}") from err
     tokenizer.padding_side = "left"
-    model = load_base_model(args.model, args.dtype, args.device, device_map=args.device_map)
-    eos = eos_token_ids(model, tokenizer)
 
     todo = work_list(conversations, tokenizer, args.max_turns, args.max_prompt_tokens,
                      None if args.limit is None else args.skip + args.limit, benchmark_conversations())[args.skip:]
@@ -188,18 +208,35 @@ def main(argv=None):
     # Batches of similar prompt length waste little on padding.
     pending = [item[1:] for item in sorted(todo, key=lambda item: item[0]) if item[1] not in done]
     print(f"{len(todo)} conversations selected, {len(todo) - len(pending)} already written, {len(pending)} to go")
+    if not pending:
+        return
+    try:
+        backend = open_backend(args, tokenizer)
+    except BackendError as err:
+        raise SystemExit(f"self_distill.py: {err}") from err
+    try:
+        write_answers(backend, tokenizer, pending, len(todo), out, args.batch_size)
+    except BackendError as err:
+        raise SystemExit(f"self_distill.py: {err}; the answers written so far are kept: rerun to go on") from err
+    finally:
+        backend.close()
 
-    progress = tqdm(total=len(todo), initial=len(todo) - len(pending), desc="self-distilling")
+
+def write_answers(backend: AnswerBackend, tokenizer, pending: list[tuple], selected: int, out: Path,
+                  batch_size: int) -> None:
+    """Answer `pending` (id, system turn, user turns) batch by batch, turn by turn (each answer regenerated with the
+    regenerated history), appending whole records to `out`."""
+    progress = tqdm(total=selected, initial=selected - len(pending), desc=f"self-distilling ({backend.name})")
     start, total_tokens = time.time(), 0
     with open(out, "a", encoding="utf-8") as sink:
-        for i in range(0, len(pending), args.batch_size):
-            group = pending[i:i + args.batch_size]
+        for i in range(0, len(pending), batch_size):
+            group = pending[i:i + batch_size]
             histories = [list(system) for _, system, _ in group]
             for turn in range(max(len(users) for _, _, users in group)):
                 active = [j for j, (_, _, users) in enumerate(group) if turn < len(users)]
                 for j in active:
                     histories[j].append(group[j][2][turn])
-                answers, new_tokens = generate_batch(model, tokenizer, [histories[j] for j in active], args, eos)
+                answers, new_tokens = answer_batch(backend, tokenizer, [histories[j] for j in active])
                 total_tokens += new_tokens
                 for j, answer in zip(active, answers):
                     histories[j].append({"role": "assistant", "content": answer})
@@ -212,4 +249,5 @@ def main(argv=None):
     progress.close()
     elapsed = time.time() - start
     if total_tokens:
-        print(f"generated {total_tokens} tokens in {elapsed:.0f} s ({total_tokens / elapsed:.0f} tokens/s)")
+        print(f"generated {total_tokens} tokens in {elapsed:.0f} s ({total_tokens / elapsed:.0f} tokens/s, "
+              f"{len(pending) / elapsed * 3600:.0f} answers/hour, {backend.name})")

@@ -22,13 +22,13 @@ def run(args, kill_on_batch=None):
     if kill_on_batch is not None:
         code += f"""
 import os, signal
-original, calls = self_distill.generate_batch, [0]
+original, calls = self_distill.answer_batch, [0]
 def dying(*a, **k):
     calls[0] += 1
     if calls[0] == {kill_on_batch}:
         os.kill(os.getpid(), signal.SIGKILL)
     return original(*a, **k)
-self_distill.generate_batch = dying
+self_distill.answer_batch = dying
 """
     code += f"self_distill.main({args!r})\n"
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -40,7 +40,7 @@ def test_self_distill_resumes_after_sigkill(tmp_path, tiny_llama_dir):
     out = tmp_path / "out.jsonl"
     args = ["--model", str(tiny_llama_dir), "--dataset", str(data), "--out", str(out), "--batch-size", "2",
             "--max-turns", "2", "--max-new-tokens", "6", "--dtype", "fp32", "--temperature", "1.0"]
-    # Two turns per batch: generate_batch call 5 is the first turn of the third batch.
+    # Two turns per batch: answer_batch call 5 is the first turn of the third batch.
     killed = run(args, kill_on_batch=5)
     assert killed.returncode == -9
     assert len(out.read_text().splitlines()) == 4
