@@ -23,17 +23,14 @@ On disk: config.json (model_type "specheads-dflash") + model.safetensors.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .files import DFLASH_MODEL_TYPE, WEIGHTS_NAME, read_typed_config, size_mismatches, write_folder
-from .fingerprint import KEY as FINGERPRINT
-from .fingerprint import check_fingerprint
-from .weights import read_folder_safetensors
+from .files import DFLASH_MODEL_TYPE, size_mismatches
+from .module import DraftModule
 
 MODEL_TYPE = DFLASH_MODEL_TYPE
 # What the draft layers take from the base config (the rest: Qwen3's defaults, no attention bias).
@@ -140,8 +137,10 @@ def _layer_parts(config):
     return modeling_qwen3.Qwen3DecoderLayer, modeling_qwen3.Qwen3RotaryEmbedding, modeling_qwen3.apply_rotary_pos_emb
 
 
-class DFlashDraft(nn.Module):
+class DFlashDraft(DraftModule):
     """The block drafter. Embeddings and the lm_head are the base's, passed in."""
+
+    MODEL_TYPE, CONFIG_CLASS, WHAT, NOT_SAVED = DFLASH_MODEL_TYPE, DFlashConfig, "DFlash drafter", ("rotary_emb.",)
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
@@ -218,44 +217,16 @@ class DFlashDraft(nn.Module):
         b, t = context_visible.shape
         return torch.cat([context_visible[:, None, None, :].expand(b, 1, q, t), inside.expand(b, 1, q, q)], dim=-1)
 
-    # ---- on-disk format --------------------------------------------------------------------
-
-    def save_pretrained(self, directory: str | Path, extra: dict | None = None, state_dict: dict | None = None) -> None:
-        """config.json + model.safetensors; state_dict: weights gathered across ranks (ZeRO-3), default own."""
-        state = {name: tensor.detach().contiguous().cpu()
-                 for name, tensor in (self.state_dict() if state_dict is None else state_dict).items()
-                 if not name.startswith("rotary_emb.")}
-        write_folder(directory, {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}, state)
-
-    @staticmethod
-    def read_config(directory: str | Path) -> tuple[DFlashConfig, dict]:
-        return read_typed_config(directory, MODEL_TYPE, DFlashConfig, what="DFlash drafter")
-
-    def load_tensors(self, state: dict[str, torch.Tensor], source) -> None:
-        """Load `state` (the saved names), refusing a missing, unexpected or misshapen tensor by its name."""
-        expected = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
-        missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
-        if missing or unexpected:
-            raise ValueError(f"{source}: missing tensors {missing}, unexpected tensors {unexpected}")
-        for name, tensor in expected.items():
-            if state[name].shape != tensor.shape:
-                raise ValueError(f"{source}: tensor {name} has shape {tuple(state[name].shape)}, "
-                                 f"expected {tuple(tensor.shape)}")
-        self.load_state_dict(state, strict=False)
+    # ---- on-disk format (heads.module.DraftModule) ------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "DFlashDraft":
-        config, extra = cls.read_config(directory)
-        if base_model is not None:
-            check_compatible(config, base_model.config, source=str(directory))
-            check_fingerprint(extra.get(FINGERPRINT), base_model, f"the drafter's weights in {directory}")
-        draft = cls(config)
-        state = read_folder_safetensors(directory, WEIGHTS_NAME, device=map_location)
+    def check_base(cls, config, base_config, source: str) -> None:
+        check_compatible(config, base_config, source=source)
+
+    def load_tensors(self, state: dict[str, torch.Tensor], source) -> None:
         if "fc.weight" in state:
-            draft.to(state["fc.weight"].dtype)  # keep the file's precision
-        draft.load_tensors(state, Path(directory) / WEIGHTS_NAME)
-        draft.extra_config = extra
-        return draft
+            self.to(state["fc.weight"].dtype)  # keep the file's precision
+        super().load_tensors(state, source)
 
 
 def check_compatible(config: DFlashConfig, base_config, source: str = "drafter") -> None:

@@ -21,17 +21,14 @@ from __future__ import annotations
 import copy
 import inspect
 import re
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .files import EAGLE_MODEL_TYPE, WEIGHTS_NAME, read_typed_config, size_mismatches, write_folder
-from .fingerprint import KEY as FINGERPRINT
-from .fingerprint import check_fingerprint
-from .weights import read_folder_safetensors
+from .files import EAGLE_MODEL_TYPE, size_mismatches
+from .module import DraftModule
 
 MODEL_TYPE = EAGLE_MODEL_TYPE
 VARIANTS = ("eagle1", "eagle3")
@@ -148,8 +145,10 @@ def _layer_parts(config):
     return type(layer), type(inner.rotary_emb)
 
 
-class EagleDraft(nn.Module):
+class EagleDraft(DraftModule):
     """One-layer feature-level draft. Embeddings and (for EAGLE-1) the lm_head are the base's, passed in."""
+
+    MODEL_TYPE, CONFIG_CLASS, WHAT, NOT_SAVED = EAGLE_MODEL_TYPE, EagleConfig, "EAGLE draft", ("rotary_emb.",)
 
     def __init__(self, config: EagleConfig):
         super().__init__()
@@ -209,7 +208,7 @@ class EagleDraft(nn.Module):
         if unknown:
             raise ValueError(f"the draft layer holds {unknown}, which a Llama layer has no place for")
         converted.load_state_dict({k: v for k, v in state.items() if k in wanted}, strict=False)
-        converted.extra_config = dict(getattr(self, "extra_config", {}) or {})
+        converted.metadata = dict(self.metadata)
         return converted, dropped
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -261,39 +260,11 @@ class EagleDraft(nn.Module):
             raise ValueError("EAGLE-1 drafts use the base lm_head: pass base_lm_head=model.get_output_embeddings()")
         return base_lm_head(draft_hidden)
 
-    # ---- on-disk format --------------------------------------------------------------------
-
-    def save_pretrained(self, directory: str | Path, extra: dict | None = None, state_dict: dict | None = None) -> None:
-        """config.json + model.safetensors; state_dict: weights gathered across ranks (ZeRO-3), default own."""
-        state = {name: tensor.detach().contiguous().cpu()
-                 for name, tensor in (self.state_dict() if state_dict is None else state_dict).items()
-                 if not name.startswith("rotary_emb.")}
-        write_folder(directory, {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}, state)
-
-    @staticmethod
-    def read_config(directory: str | Path) -> tuple[EagleConfig, dict]:
-        return read_typed_config(directory, MODEL_TYPE, EagleConfig, what="EAGLE draft")
+    # ---- on-disk format (heads.module.DraftModule) ------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "EagleDraft":
-        config, extra = cls.read_config(directory)
-        if base_model is not None:
-            check_compatible(config, base_model.config, source=str(directory))
-            check_fingerprint(extra.get(FINGERPRINT), base_model, f"the draft's weights in {directory}")
-        draft = cls(config)
-        weights_path = Path(directory) / WEIGHTS_NAME
-        state = read_folder_safetensors(directory, WEIGHTS_NAME, device=map_location)
-        expected = {k for k in draft.state_dict() if not k.startswith("rotary_emb.")}
-        missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
-        if missing or unexpected:
-            raise ValueError(f"{weights_path}: missing tensors {missing}, unexpected tensors {unexpected}")
-        for name, tensor in draft.state_dict().items():
-            if name in state and state[name].shape != tensor.shape:
-                raise ValueError(f"{weights_path}: tensor {name} has shape {tuple(state[name].shape)}, "
-                                 f"expected {tuple(tensor.shape)}")
-        draft.load_state_dict(state, strict=False)
-        draft.extra_config = extra
-        return draft
+    def check_base(cls, config, base_config, source: str) -> None:
+        check_compatible(config, base_config, source=source)
 
 
 def check_compatible(config: EagleConfig, base_config, source: str = "draft") -> None:

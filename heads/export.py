@@ -30,7 +30,7 @@ def export_specheads(heads_dir: str | Path, out_dir: str | Path, *, model: str |
     if model and not heads.config.base_model_name_or_path:
         heads.config.base_model_name_or_path = model
     out_dir = prepare_out_dir(out_dir, heads_dir, overwrite)
-    heads.save_pretrained(out_dir, extra=getattr(heads, "extra_config", None))
+    heads.save_pretrained(out_dir)  # with its metadata (tree, template, ...)
     return out_dir
 
 

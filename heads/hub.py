@@ -114,7 +114,7 @@ def push_to_hub(heads: str | Path | Draft, repo_id: str, private: bool = False,
         heads = load_heads(heads)
     if is_draft(heads):
         with tempfile.TemporaryDirectory(prefix="specheads-heads-") as tmp:
-            heads.save_pretrained(tmp, extra=getattr(heads, "extra_config", None))
+            heads.save_pretrained(tmp)  # with its metadata
             return push_to_hub(tmp, repo_id, private=private, revision=revision, token=token,
                                dry_run_dir=dry_run_dir, commit_message=commit_message, train_config=train_config,
                                bench_results=bench_results, model=model)

@@ -17,16 +17,14 @@ On disk: `config.json` + `model.safetensors` (see `save_pretrained`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .files import MEDUSA_MODEL_TYPE, WEIGHTS_NAME, read_typed_config, size_mismatches, write_folder
-from .fingerprint import KEY as FINGERPRINT
-from .fingerprint import check_fingerprint
-from .weights import read_folder_safetensors
+from .files import MEDUSA_MODEL_TYPE, size_mismatches
+from .module import DraftModule
 
 MODEL_TYPE = MEDUSA_MODEL_TYPE
 
@@ -75,8 +73,10 @@ class ResidualBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(DraftModule):
     """K heads over the base's final hidden state. Call with the base lm_head when it is shared."""
+
+    MODEL_TYPE, CONFIG_CLASS, WHAT = MEDUSA_MODEL_TYPE, MedusaConfig, "Medusa heads"
 
     def __init__(self, config: MedusaConfig, base_lm_head: nn.Linear | None = None):
         super().__init__()
@@ -130,7 +130,7 @@ class MedusaHeads(nn.Module):
             heads.blocks.load_state_dict(self.blocks.state_dict())
             for new, old in zip(heads.lm_heads or [], self.lm_heads or []):
                 new.weight.copy_(old.weight[token_ids])
-        heads.extra_config = dict(getattr(self, "extra_config", {}))
+        heads.metadata = dict(self.metadata)
         return heads
 
     def draft_to_token(self, indices: torch.Tensor) -> torch.Tensor:
@@ -182,47 +182,27 @@ class MedusaHeads(nn.Module):
         weight_rows, bias_rows = cached[2]
         return nn.functional.linear(transformed, weight_rows, bias_rows)
 
-    # ---- on-disk format -------------------------------------------------------------------
-
-    def save_pretrained(self, directory: str | Path, extra: dict | None = None, state_dict: dict | None = None) -> None:
-        """Write config.json (+ `extra` fields such as a tree) and model.safetensors.
-
-        state_dict: the weights gathered across ranks (DeepSpeed ZeRO-3); default this module's own."""
-        state = {name: tensor.detach().contiguous().cpu()
-                 for name, tensor in (self.state_dict() if state_dict is None else state_dict).items()}
-        write_folder(directory, {"model_type": MODEL_TYPE, **asdict(self.config), **(extra or {})}, state)
-
-    @staticmethod
-    def read_config(directory: str | Path) -> tuple[MedusaConfig, dict]:
-        """Read config.json -> (MedusaConfig, the other fields it holds)."""
-        return read_typed_config(directory, MODEL_TYPE, MedusaConfig)
+    # ---- on-disk format (heads.module.DraftModule) ------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, base_model=None, map_location: str = "cpu") -> "MedusaHeads":
-        """Load heads in specheads' format; with `base_model`, first check they fit it (hidden size, vocabulary).
+    def check_base(cls, config, base_config, source: str) -> None:
+        check_compatible(config, base_config, source=source)
 
-        Folders in other formats (FasterDecoding/Medusa v0.1, vLLM Medusa) load with `heads.load_heads`."""
-        config, extra = cls.read_config(directory)
-        if base_model is not None:
-            check_compatible(config, base_model.config, source=str(directory))
-            check_fingerprint(extra.get(FINGERPRINT), base_model, f"heads {directory}")
-        heads = cls(config)
-        weights_path = Path(directory) / WEIGHTS_NAME
-        state = read_folder_safetensors(directory, WEIGHTS_NAME, device=map_location)
-        for name, tensor in heads.state_dict().items():  # a config.json that disagrees with the weights
+    def load_tensors(self, state: dict[str, torch.Tensor], source) -> None:
+        """As DraftModule's, naming config.json's sizes when they disagree with the weights."""
+        for name, tensor in self.state_dict().items():
             if name in state and name != "draft_ids" and state[name].shape != tensor.shape:
-                raise ValueError(f"{weights_path}: tensor {name} has shape {tuple(state[name].shape)}, but "
-                                 f"{Path(directory) / 'config.json'} (hidden_size {config.hidden_size}, vocab_size "
-                                 f"{config.vocab_size}, draft_vocab_size {config.draft_vocab_size}) needs "
-                                 f"{tuple(tensor.shape)}")
+                config = self.config
+                raise ValueError(f"{source}: tensor {name} has shape {tuple(state[name].shape)}, but "
+                                 f"{Path(source).with_name('config.json')} (hidden_size {config.hidden_size}, "
+                                 f"vocab_size {config.vocab_size}, draft_vocab_size {config.draft_vocab_size}) "
+                                 f"needs {tuple(tensor.shape)}")
         try:
-            missing, unexpected = heads.load_state_dict(state, strict=False)
+            missing, unexpected = self.load_state_dict(state, strict=False)
         except ValueError as err:
-            raise ValueError(f"{weights_path}: tensor draft_ids: {err}") from err
+            raise ValueError(f"{source}: tensor draft_ids: {err}") from err
         if missing or unexpected:
-            raise ValueError(f"{weights_path}: missing tensors {missing}, unexpected tensors {unexpected}")
-        heads.extra_config = extra
-        return heads
+            raise ValueError(f"{source}: missing tensors {missing}, unexpected tensors {unexpected}")
 
 
 def check_compatible(config: MedusaConfig, base_config, source: str = "heads") -> None:

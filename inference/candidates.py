@@ -50,7 +50,7 @@ class MedusaCandidates(CandidateSource):
         """The heads on the model's device and dtype with `tree`, else the tree stored with the heads, else (heads
         that carry none, e.g. a published FasterDecoding folder) Medusa's default cut to their heads, with a warning."""
         if tree is None:
-            tree = (getattr(heads, "extra_config", None) or {}).get("tree")
+            tree = heads.metadata.get("tree")
             if tree is None:
                 tree = default_medusa_tree(heads.config.num_heads, heads.config.projected_vocab_size)
                 warnings.warn(f"the heads carry no tree: using Medusa's default (mc_sim_7b_63) cut to their "

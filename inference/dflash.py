@@ -43,9 +43,9 @@ class DFlashCandidates(CandidateSource):
 
     @classmethod
     def for_model(cls, model, draft, tree=None) -> "DFlashCandidates":
-        """With `tree`, else the tree stored with the drafter (extra_config "tree"), else the top-1 chain."""
+        """With `tree`, else the tree stored with the drafter (metadata "tree"), else the top-1 chain."""
         if tree is None:
-            tree = (getattr(draft, "extra_config", None) or {}).get("tree")
+            tree = draft.metadata.get("tree")
         return cls(draft, model, tree)
 
     def begin(self, *unused) -> None:

@@ -55,7 +55,7 @@ def stored_chat_template(heads) -> str | None:
     if heads is None:
         return None
     if not isinstance(heads, (str, Path)):
-        return (getattr(heads, "extra_config", None) or {}).get(CHAT_TEMPLATE)
+        return heads.metadata.get(CHAT_TEMPLATE)
     config = resolve_heads(heads) / CONFIG_NAME
     try:
         value = json.loads(config.read_text()).get(CHAT_TEMPLATE) if config.is_file() else None

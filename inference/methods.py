@@ -118,7 +118,7 @@ def medusa_source(ctx: Context, tree=None) -> MedusaCandidates:
 
 def eagle_source(ctx: Context) -> EagleCandidates:
     """An EAGLE draft's dynamic tree: the settings stored with the draft, overridden by options.eagle_tree."""
-    stored = (getattr(ctx.draft, "extra_config", None) or {}).get("eagle_tree", {})
+    stored = ctx.draft.metadata.get("eagle_tree", {})
     return EagleCandidates(ctx.draft, ctx.model, **{**stored, **ctx.options.eagle_tree})
 
 

@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
     staging = heads_dir.with_name(heads_dir.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(heads_dir, staging)  # keeps a model card or any other file next to the heads
-    restricted.save_pretrained(staging, extra={**restricted.extra_config, "draft_vocab_heldout_coverage": covered})
+    restricted.save_pretrained(staging, extra={**restricted.metadata, "draft_vocab_heldout_coverage": covered})
     replace_folder(staging, heads_dir)
     print(f"{heads_dir}: draft vocabulary of the {args.size} most frequent answer tokens of {len(train)} training "
           f"conversations; it covers {covered:.1%} of the held-out answer tokens")

@@ -18,12 +18,8 @@ PACKAGE = ("heads", "data", "train", "inference")
 # host-side bookkeeping reads small results back, CPU-only tuning is gated on the model being on the CPU, and
 # constructor defaults that every caller in the package overrides with the model's device (inference/methods.py).
 ALLOWED = {
-    ("heads/dflash.py", "DFlashDraft.save_pretrained"): "weights to a file",
-    ("heads/eagle.py", "EagleDraft.save_pretrained"): "weights to a file",
-    ("heads/medusa.py", "MedusaHeads.save_pretrained"): "weights to a file",
-    ("heads/dflash.py", "DFlashDraft.from_pretrained"): "map_location default of a file read; decoding moves drafts",
-    ("heads/eagle.py", "EagleDraft.from_pretrained"): "map_location default of a file read; decoding moves drafts",
-    ("heads/medusa.py", "MedusaHeads.from_pretrained"): "map_location default of a file read; decoding moves heads",
+    ("heads/module.py", "DraftModule.save_pretrained"): "weights to a file (every draft model's)",
+    ("heads/module.py", "DraftModule.from_pretrained"): "map_location default of a file read; decoding moves drafts",
     ("heads/weights.py", "read_safetensors"): "a file read into host memory",
     ("heads/weights.py", "read_pickle_weights_only"): "a file read into host memory",
     ("heads/weights.py", "read_folder_safetensors"): "a file read into host memory",

@@ -9,7 +9,7 @@ import pytest
 
 HEADS = Path(__file__).resolve().parents[1] / "heads"
 LAYERS = {
-    "files": 0, "weights": 0, "fingerprint": 0, "remote": 0,
+    "files": 0, "weights": 0, "fingerprint": 0, "remote": 0, "module": 0,
     "medusa": 1, "eagle": 1, "dflash": 1, "joint": 1,
     "formats": 2, "kinds": 2,
     "loading": 3, "export": 3,

@@ -115,5 +115,5 @@ def load_renamed(config: MedusaConfig, renamed: dict[str, tuple[str, torch.Tenso
             raise ValueError(f"{source}: tensor {their_name!r} has shape {tuple(tensor.shape)}, "
                              f"expected {tuple(expected[name].shape)}")
     heads.load_state_dict({name: tensor for name, (_, tensor) in renamed.items()})
-    heads.extra_config = extra
+    heads.metadata = extra
     return heads

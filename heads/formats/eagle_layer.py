@@ -226,7 +226,7 @@ class EagleLayout:
                                  f"{tuple(state[theirs].shape)}, expected {tuple(tensor.shape)}")
             ours[name] = state[theirs]
         draft.load_state_dict(ours, strict=False)
-        draft.extra_config = {"imported_from": self.NAME}
+        draft.metadata = {"imported_from": self.NAME}
         return draft
 
 

@@ -122,5 +122,5 @@ def load(directory, base_model=None) -> DFlashDraft:
     if "fc.weight" in state:
         draft.to(state["fc.weight"].dtype)
     draft.load_tensors(state, directory / WEIGHTS_NAME)
-    draft.extra_config = {"imported_from": NAME}
+    draft.metadata = {"imported_from": NAME}
     return draft
