@@ -165,9 +165,12 @@ distill-qwen: setup-qwen
 		--batch-size 32 --max-new-tokens 160 --max-prompt-tokens 256
 
 # Self-distillation's answers/hour and tokens/s, HF against vLLM on the same 200 prompts in one run (docs/training.md).
+# bf16 is the speed (what `make distill` runs on a bf16 CPU), fp32 the greedy agreement; 6 GiB of KV cache lets vLLM
+# run the 200 answers at once.
 distill-throughput: setup setup-engines
-	$(BIN)/python scripts/distill_throughput.py --model smollm2-135m-instruct --prompts 200 --max-new-tokens 128 \
-		--dtype fp32 --out runs/distill-throughput
+	for dtype in bf16 fp32; do VLLM_CPU_KVCACHE_SPACE=6 $(BIN)/python scripts/distill_throughput.py \
+		--model smollm2-135m-instruct --prompts 200 --max-new-tokens 128 --dtype $$dtype \
+		--out runs/distill-throughput-$$dtype || exit 1; done
 
 # Regenerate the self-distilled training data of the SmolLM2 recipes (SmolLM2's own answers; ~15 minutes).
 DISTILLED := data/distilled/smollm2-135m-sharegpt-train.jsonl

@@ -25,6 +25,12 @@ from specheads.heads.files import write_json, write_text
 from specheads.inference.cli import positive_int
 
 
+def kv_prefix() -> str:
+    """The KV-cache size vLLM's CPU build was given, as the command's prefix (it bounds how many answers run at once)."""
+    value = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    return f"VLLM_CPU_KVCACHE_SPACE={value} " if value else ""
+
+
 def timed(backend, prompts, batch_size: int) -> dict:
     answers, tokens, start = [], 0, time.perf_counter()
     for i in range(0, len(prompts), batch_size):
@@ -75,7 +81,7 @@ def main(argv=None) -> dict:
                args.max_new_tokens, "hf_batch_size": args.hf_batch_size, "vllm_version": engine.version,
                "machine": f"{platform.machine()}, {os.cpu_count()} cores", "backends": rows,
                "speedup_answers_per_hour": vllm["answers_per_hour"] / hf["answers_per_hour"],
-               "greedy_agreement": agree, "command": "python scripts/distill_throughput.py " + " ".join(
+               "greedy_agreement": agree, "command": kv_prefix() + "python scripts/distill_throughput.py " + " ".join(
                    argv if argv is not None else sys.argv[1:])}
     write_json(out / "results.json", results)
     table = ["| backend | answers/hour | tokens/s | wall s | tokens |", "|---|---:|---:|---:|---:|"]

@@ -53,6 +53,16 @@ def distill(base, data, out, *extra) -> list[str]:
             str(out), "--max-turns", "2", "--max-new-tokens", "24", "--dtype", "fp32", *map(str, extra)]
 
 
+def hf_reference(base, tmp_path: Path, n: int) -> tuple[Path, Path]:
+    """(the data, HF's fp32 greedy answers to it, one prompt at a time): what every backend must give."""
+    data, reference = tmp_path / "data.jsonl", tmp_path / "hf.jsonl"
+    write_jsonl(data, conversations(n))
+    hf = subprocess.run(distill(base, data, reference, "--batch-size", "1", "--device", "cpu"), cwd=REPO,
+                        capture_output=True, text=True, timeout=600)
+    assert hf.returncode == 0, hf.stderr[-3000:]
+    return data, reference
+
+
 def records(path: Path) -> dict[str, list]:
     lines = path.read_text().splitlines()
     found = {json.loads(line)["id"]: json.loads(line)["conversations"] for line in lines}
@@ -61,13 +71,7 @@ def records(path: Path) -> dict[str, list]:
 
 
 def test_vllm_answers_are_hf_greedy_and_a_killed_run_resumes(tmp_path, chat_base):
-    data = tmp_path / "data.jsonl"
-    write_jsonl(data, conversations(8))
-    reference = tmp_path / "hf.jsonl"
-    hf = subprocess.run(distill(chat_base, data, reference, "--batch-size", "1", "--device", "cpu"), cwd=REPO,
-                        capture_output=True, text=True, timeout=600)
-    assert hf.returncode == 0, hf.stderr[-3000:]
-
+    data, reference = hf_reference(chat_base, tmp_path, 8)
     out = tmp_path / "vllm.jsonl"
     command = distill(chat_base, data, out, "--backend", "vllm", "--batch-size", "2",
                       "--engine-log", tmp_path / "vllm.log")
@@ -98,13 +102,9 @@ def test_an_openai_compatible_endpoint_answers_like_hf(tmp_path, chat_base):
     """`--endpoint URL` against the real `vllm serve` (prompts as token ids), greedy: HF's answers."""
     from specheads.inference.engines.vllm_engine import vllm_python
 
-    data = tmp_path / "data.jsonl"
-    write_jsonl(data, conversations(3))
-    reference = tmp_path / "hf.jsonl"
-    hf = subprocess.run(distill(chat_base, data, reference, "--batch-size", "1", "--device", "cpu"), cwd=REPO,
-                        capture_output=True, text=True, timeout=600)
-    assert hf.returncode == 0, hf.stderr[-3000:]
     import socket
+
+    data, reference = hf_reference(chat_base, tmp_path, 3)
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
