@@ -128,7 +128,7 @@ def normalise(record: dict, index: int) -> Conversation | None:
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "assistant" for m in messages):
         return None
-    return Conversation(id=str(record.get("id", index)), messages=messages)
+    return Conversation(id=str(record.get("id", record.get("prompt_id", index))), messages=messages)
 
 
 def check_source(source: str) -> None:
@@ -141,10 +141,14 @@ def check_source(source: str) -> None:
         _check_file(Path(source))
 
 
-def load_conversations(source: str, limit: int | None = None) -> list[Conversation]:
-    """Load ShareGPT-format conversations from the built-in name, a file, or a hub dataset id."""
+def load_conversations(source: str, limit: int | None = None, split: str = "train") -> list[Conversation]:
+    """Load ShareGPT-format conversations from the built-in name, a file, or a hub dataset id (or a local dataset
+    folder `datasets.load_dataset` reads) and its `split` (data.split: UltraChat's is train_sft)."""
     suffix = Path(source).suffix.lower()  # X.JSONL is a JSONL file too, not a hub dataset id
     name = source  # what errors name: the file
+    if split != "train" and (source == "sharegpt" or suffix in (".jsonl", ".json")):
+        raise DataFileError(f"data.split: {split!r} names a split of a Hugging Face dataset; {source} is a file, which "
+                         f"has none (leave data.split at train)")
     if source == "sharegpt":
         name = builtin_sharegpt_path()
         records = iter_json_array_records(name)
@@ -155,7 +159,10 @@ def load_conversations(source: str, limit: int | None = None) -> list[Conversati
     else:
         import datasets
 
-        records = enumerate(datasets.load_dataset(source, split="train"))
+        try:
+            records = enumerate(datasets.load_dataset(source, split=split))
+        except ValueError as err:  # an unknown split: datasets names the ones it has
+            raise DataFileError(f"data.split: {source}: {err}") from err
     conversations = []
     for index, (where, record) in enumerate(records):
         if not isinstance(record, dict):

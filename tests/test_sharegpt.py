@@ -57,3 +57,22 @@ def test_builtin_sharegpt_recovers_the_truncated_file():
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.json"):
         load_conversations(str(tmp_path / "nope.json"))
+
+
+def test_data_split_picks_a_named_split_of_a_dataset_folder(tmp_path):
+    """data.split for HF datasets (UltraChat's train_sft): a folder in the Hub's `data/{split}-NNNNN-of-NNNNN` layout,
+    read by datasets.load_dataset; UltraChat-style records (messages, prompt_id). A file has no split."""
+    folder = tmp_path / "ultrachat"
+    (folder / "data").mkdir(parents=True)
+    for split, n in (("train_sft", 3), ("test_sft", 2)):
+        write_jsonl(folder / "data" / f"{split}-00000-of-00001.jsonl", [
+            {"prompt_id": f"{split}-{i}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                      {"role": "assistant", "content": f"a{i}"}]} for i in range(n)])
+    train = load_conversations(str(folder), split="train_sft")
+    assert [c.id for c in train] == ["train_sft-0", "train_sft-1", "train_sft-2"]
+    assert [c.id for c in load_conversations(str(folder), split="test_sft")] == ["test_sft-0", "test_sft-1"]
+    with pytest.raises(ValueError, match=r"data\.split: .*train_sft"):
+        load_conversations(str(folder), split="nope")
+    write_jsonl(tmp_path / "d.jsonl", synthetic_sharegpt(2))
+    with pytest.raises(ValueError, match=r"data\.split: 'train_sft' names a split .* is a file"):
+        load_conversations(str(tmp_path / "d.jsonl"), split="train_sft")

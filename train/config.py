@@ -177,6 +177,7 @@ class ModelSection:
 @dataclass
 class DataSection:
     dataset: str = "sharegpt"  # built-in name, ShareGPT .json/.jsonl path, or HF dataset id
+    split: str = "train"  # the split of an HF dataset id (UltraChat: train_sft); files have none
     max_length: int = 512
     heldout_size: int = 200
     split_seed: int = 0
@@ -192,6 +193,8 @@ class DataSection:
         resolve_chat_template(self.chat_template, "data.chat_template")  # a wrong name stops before any weights load
         if self.max_length < 8:
             raise ValueError(f"data.max_length must be >= 8, got {self.max_length}")
+        if not self.split.strip():
+            raise ValueError("data.split must name a split of the dataset (e.g. train, train_sft)")
         if self.heldout_size < 1:
             raise ValueError(f"data.heldout_size must be >= 1, got {self.heldout_size}")
         for name in ("max_train_conversations", "max_heldout_eval"):

@@ -27,7 +27,7 @@ def build_examples(conversations, tokenizer, max_length: int, desc: str):
 
 def load_examples(cfg, tokenizer):
     """(training examples, held-out examples) as the config's data section describes them."""
-    conversations = load_conversations(cfg.data.dataset)
+    conversations = load_conversations(cfg.data.dataset, split=cfg.data.split)
     train_convs, heldout_convs = split_heldout(conversations, cfg.data.heldout_size, cfg.data.split_seed)
     train_convs = train_convs[: cfg.data.max_train_conversations]
     heldout_convs = heldout_convs[: cfg.data.max_heldout_eval]
