@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from specheads.data.sharegpt import Conversation, load_conversations, split_heldout
+from specheads.data.sharegpt import Conversation, dataset_sources, load_conversations, split_heldout
 
 HELDOUT_SIZE, SPLIT_SEED = 200, 0  # the split data/distilled/ was drawn from (self_distill.py --split train)
 TEST_PER_CATEGORY, TUNE_PER_CATEGORY = 15, 8
@@ -181,6 +181,17 @@ def training_data(repo: Path) -> list[tuple[str, dict]]:
     return found
 
 
+def _exclude_source(repo: Path, sharegpt, excluded: Exclusions, where: str, section: dict, dataset: str) -> None:
+    if dataset == "sharegpt":
+        train, _ = split_heldout(sharegpt, int(section.get("heldout_size", 200)), int(section.get("split_seed", 0)))
+        excluded.add(f"{where} (sharegpt train side)", train[: section.get("max_train_conversations")])
+    elif (repo / dataset).is_file():
+        excluded.add(dataset, load_conversations(str(repo / dataset)))
+    else:
+        raise ValueError(f"{where}: data.dataset {dataset!r} is neither `sharegpt` nor a file in the repository: "
+                         "cannot check the benchmark prompts against it")
+
+
 def exclusions(repo: Path, sharegpt: list[Conversation]) -> Exclusions:
     """Everything any training data holds (see the module docstring); a data source that cannot be read raises."""
     excluded = Exclusions()
@@ -191,15 +202,8 @@ def exclusions(repo: Path, sharegpt: list[Conversation]) -> Exclusions:
         if name in IGNORED_CONFIGS:
             excluded.ignored[where] = IGNORED_CONFIGS[name]
             continue
-        dataset = str(section.get("dataset", "sharegpt"))
-        if dataset == "sharegpt":
-            train, _ = split_heldout(sharegpt, int(section.get("heldout_size", 200)), int(section.get("split_seed", 0)))
-            excluded.add(f"{where} (sharegpt train side)", train[: section.get("max_train_conversations")])
-        elif (repo / dataset).is_file():
-            excluded.add(dataset, load_conversations(str(repo / dataset)))
-        else:
-            raise ValueError(f"{where}: data.dataset {dataset!r} is neither `sharegpt` nor a file in the repository: "
-                             "cannot check the benchmark prompts against it")
+        for dataset, _ in dataset_sources(section.get("dataset", "sharegpt")):
+            _exclude_source(repo, sharegpt, excluded, where, section, dataset)
     dev = repo / DEV_QUESTIONS
     if dev.is_file():
         dev_questions = [json.loads(line) for line in dev.read_text(encoding="utf-8").split("\n") if line.strip()]

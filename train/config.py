@@ -39,13 +39,18 @@ def _check_value(value, tp, where: str, source: str):
         options = typing.get_args(tp)
         if value is None and type(None) in options:
             return None
+        shaped = None  # the error of the option of the value's own shape (a list for list[...]), which says more
         for option in options:
             if option is type(None):
                 continue
             try:
                 return _check_value(value, option, where, source)
-            except ConfigError:
-                pass
+            except ConfigError as err:
+                if isinstance(value, list) and typing.get_origin(option) is list or (
+                        isinstance(value, dict) and dataclasses.is_dataclass(option)):
+                    shaped = shaped or err
+        if shaped is not None:
+            raise shaped
         raise ConfigError(f"{source}: {where} must be {' or '.join(_type_name(o) for o in options)}, "
                           f"got {type(value).__name__} {value!r}")
     if origin is list:
@@ -175,8 +180,20 @@ class ModelSection:
 
 
 @dataclass
+class DataSource:
+    """One source of a mixed data.dataset: `{source: answers.jsonl, weight: 2}`."""
+    source: str
+    weight: float = 1.0  # its training side this many times over (2: twice; 0.5: a seeded half)
+
+    def validate(self):
+        check_finite("data.dataset[]", self, ["weight"])
+
+
+@dataclass
 class DataSection:
-    dataset: str = "sharegpt"  # built-in name, ShareGPT .json/.jsonl path, or HF dataset id
+    # built-in name, ShareGPT .json/.jsonl path, or HF dataset id; or a list of them mixed, each a string or a
+    # {source, weight} mapping (data/sharegpt.load_mixture: each source keeps its own held-out split)
+    dataset: str | list[str | DataSource] = "sharegpt"
     split: str = "train"  # the split of an HF dataset id (UltraChat: train_sft); files have none
     max_length: int = 512
     heldout_size: int = 200
@@ -191,6 +208,8 @@ class DataSection:
         from specheads.data.chat_templates import resolve_chat_template
 
         resolve_chat_template(self.chat_template, "data.chat_template")  # a wrong name stops before any weights load
+        if isinstance(self.dataset, list) and not self.dataset:
+            raise ValueError("data.dataset: an empty list names no data (give one source or several)")
         if self.max_length < 8:
             raise ValueError(f"data.max_length must be >= 8, got {self.max_length}")
         if not self.split.strip():

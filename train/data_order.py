@@ -11,7 +11,7 @@ import random
 
 from tqdm.auto import tqdm
 
-from specheads.data.sharegpt import load_conversations, split_heldout
+from specheads.data.sharegpt import load_mixture
 from specheads.data.tokenization import pad_batch, tokenize_conversation
 from specheads.train.config import TrainSection
 
@@ -27,8 +27,8 @@ def build_examples(conversations, tokenizer, max_length: int, desc: str):
 
 def load_examples(cfg, tokenizer):
     """(training examples, held-out examples) as the config's data section describes them."""
-    conversations = load_conversations(cfg.data.dataset, split=cfg.data.split)
-    train_convs, heldout_convs = split_heldout(conversations, cfg.data.heldout_size, cfg.data.split_seed)
+    train_convs, heldout_convs = load_mixture(cfg.data.dataset, cfg.data.heldout_size, cfg.data.split_seed,
+                                              split=cfg.data.split)
     train_convs = train_convs[: cfg.data.max_train_conversations]
     heldout_convs = heldout_convs[: cfg.data.max_heldout_eval]
     return (build_examples(train_convs, tokenizer, cfg.data.max_length, "train"),

