@@ -190,7 +190,7 @@ def main(argv=None):
         raise SystemExit(f"self_distill.py: {err}") from err
     torch.manual_seed(args.seed)
     try:  # also before any model loads; a damaged data file is named with its line
-        conversations = load_conversations(args.dataset)
+        conversations = load_conversations(args.dataset, require_answer=False)  # prompts alone will do
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"self_distill.py: --dataset: {err}") from err
     if args.split != "all":
