@@ -1,6 +1,7 @@
 # Recipes and benchmark replays: every committed head, dataset and result is made by one target here
 # (included by the Makefile, which keeps set-up, the demo and the tests; `make help` lists both).
-.PHONY: distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results
+.PHONY: distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results \
+	prompts distill-mix eagle3-mix bench-mix
 
 # The full Medusa-1 recipe (~55 minutes on 2 cores, 41 of them training; the committed heads/trained/smollm2-135m-medusa1
 # used its config with heads.draft_vocab_size=8192 from the start): train Medusa-1 heads on SmolLM2-135M-Instruct's own
@@ -188,3 +189,20 @@ distill-eagle3: setup
 	$(SMOL_DISTILL) --out $(SMOL_ANSWERS)-3000-4800.jsonl --skip 3000 --limit 1800
 	for start in 4800 7800 10800; do $(SMOL_DISTILL) --out $(SMOL_ANSWERS)-$$start-$$((start + 3000)).jsonl \
 		--skip $$start --limit 3000 || exit 1; done
+
+# Data beyond chat (issue 48): code, extraction and math prompts made offline from Python's standard library and
+# seeded templates (data/prompts/offline-mix.jsonl, data/prompt_sources.py), SmolLM2's answers to them through vLLM
+# (~15 minutes on 2 cores; resumable), one more epoch of the committed EAGLE-3 draft on them mixed with chat
+# (configs/smollm2-135m-eagle3-mix.yaml, ~50 minutes on one core), and its test-split benchmark beside the
+# committed draft's (bench-smol-test-t0), per category.
+MIX_PROMPTS := data/prompts/offline-mix.jsonl
+prompts: setup
+	$(BIN)/python scripts/make_prompts.py --out $(MIX_PROMPTS)
+distill-mix: setup setup-engines
+	VLLM_CPU_KVCACHE_SPACE=6 $(BIN)/python scripts/self_distill.py --dataset $(MIX_PROMPTS) --backend vllm \
+		--batch-size 48 --max-new-tokens 192 --max-prompt-tokens 384 --out data/distilled/smollm2-135m-offline-mix.jsonl
+eagle3-mix: setup
+	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3-mix.yaml --resume
+bench-mix: setup
+	$(BENCH) --drafts runs/smollm2-135m-eagle3-mix/heads --methods baseline,eagle3,eagle3_pld --temperature 0 \
+		$(TEST_SPLIT) --experiment eagle3-mix --out runs/bench-smol-test-mix-t0
