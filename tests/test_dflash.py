@@ -290,3 +290,52 @@ def test_block_acceptance_is_what_decoding_from_each_anchor_accepts():
     assert result["accept_t0"] == pytest.approx((t0 / n).tolist(), abs=1e-9)
     assert result["accept_t1"] == pytest.approx((t1 / n).tolist(), abs=1e-5)
     assert 0 < result["accept_t0"][0] < 1 and 0 < result["accept_t1"][0] < 1  # not a vacuous all-0 / all-1 case
+
+
+def test_one_batch_overfits_to_near_perfect_block_acceptance_and_no_block_sees_its_future():
+    """The published-DFlash sanity check (REFERENCE §4b): trained on one batch, the drafter must reach near-perfect
+    block accuracy *as decoding measures it* (block_acceptance, tested above against a step-by-step recount), so
+    the training targets are the tokens decoding checks (an off-by-one learns well and accepts little). And a
+    block's logits must not move when anything at or after its anchor's successor changes, in the context ids or
+    in the base's states there (a leak gives acceptance ~1 in training and nothing when decoding)."""
+    from specheads.train.acceptance import acceptance_result
+    from specheads.train.dflash import block_acceptance, block_logits, choose_anchors, position_losses
+
+    model = deep_tiny_model()
+    torch.manual_seed(11)
+    prompts = torch.randint(3, VOCAB, (4, 6))
+    with torch.no_grad():
+        text = model.generate(prompts, max_new_tokens=26, do_sample=False, pad_token_id=0,
+                              attention_mask=torch.ones_like(prompts))
+        out = model.model(text, output_hidden_states=True)
+    labels = text.clone()
+    labels[:, :6] = -100
+    batch = {"input_ids": text, "labels": labels, "attention_mask": torch.ones_like(text)}
+    draft = new_draft(model, block_size=4, num_layers=1).train()
+    inputs = torch.stack([out.hidden_states[i] for i in draft.config.feature_layers])
+    anchors = choose_anchors(labels, 64, None)  # every anchor of the batch
+    before = acceptance_result(block_acceptance(draft.eval(), model, batch, inputs, out.last_hidden_state, anchors), 3)
+    optimizer = torch.optim.AdamW(draft.train().parameters(), lr=3e-3)
+    for _ in range(300):
+        losses, _ = position_losses(*block_logits(draft, model, batch, inputs, anchors))
+        optimizer.zero_grad()
+        losses.sum().backward()
+        optimizer.step()
+    draft.eval()
+    after = acceptance_result(block_acceptance(draft, model, batch, inputs, out.last_hidden_state, anchors), 3)
+    assert after["accept_positions"] >= 60
+    assert min(after["accept_t0"]) >= 0.95, after["accept_t0"]  # every block position, chained
+    assert max(before["accept_t0"]) < 0.5  # not already there by chance
+
+    # no leak: change everything after the anchor of one block (ids after it, states from it on)
+    row, col = 1, 5
+    a = int(anchors[row, col])
+    with torch.no_grad():
+        logits, _, _ = block_logits(draft, model, batch, inputs, anchors)
+        changed_ids = text.clone()
+        changed_ids[row, a + 1:] = (changed_ids[row, a + 1:] + 7) % VOCAB
+        changed_inputs = inputs.clone()
+        changed_inputs[:, row, a:] = torch.randn_like(changed_inputs[:, row, a:])
+        moved, _, _ = block_logits(draft, model, {**batch, "input_ids": changed_ids}, changed_inputs, anchors)
+    assert torch.equal(logits[row, col], moved[row, col])
+    assert not torch.equal(logits[row, col + 1:], moved[row, col + 1:])  # later blocks do see that context
