@@ -7,7 +7,7 @@ many tokens it generated. The contract is `AnswerBackend`; `open_backend` builds
 
 - `hf`: transformers' `generate` in this process (left-padded batches), on --device / --dtype.
 - `vllm`: `LLM.generate` in vLLM's own venv (`make setup-engines`; SPECHEADS_VLLM_PYTHON for another), one engine
-  process for the whole run (inference/engines/vllm_generate_worker.py), the batch scheduled as the engine does.
+  process for the whole run (data/vllm_generate_worker.py), the batch scheduled as the engine does.
 - `--endpoint URL`: POST URL/v1/completions with the token ids as the prompt (vLLM and SGLang take token ids;
   llama.cpp's server too), greedy or sampled as asked; the server stops at its model's end of turn.
 """
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+
+from specheads.data.vllm_env import EngineUnavailable, vllm_python
 
 BACKENDS = ("hf", "vllm")
 VLLM_DTYPES = {"auto": "auto", "fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -103,17 +105,19 @@ class VLLMBackend:
 
     def __init__(self, model_path: str, tokenizer, sampling: Sampling, stops: list[int], dtype: str = "auto",
                  max_model_len: int | None = None, log: str | Path | None = None):
-        from specheads.inference.engines.vllm_engine import vllm_python
-
         self.tokenizer, self.sampling, self.stops = tokenizer, sampling, stops
-        worker = Path(__file__).resolve().parents[1] / "inference" / "engines" / "vllm_generate_worker.py"
+        try:
+            python = vllm_python()
+        except EngineUnavailable as err:  # not installed: the command line's one-line message says how
+            raise BackendError(str(err)) from err
+        worker = Path(__file__).with_name("vllm_generate_worker.py")
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
                "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
         env.pop("OMP_NUM_THREADS", None)  # vLLM binds its own threads to the cores
         self.log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="specheads-vllm-", suffix=".log")[1])
         self.log = open(self.log_path, "w")
-        self.process = subprocess.Popen([str(vllm_python()), str(worker)], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([str(python), str(worker)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, env=env, text=True,
                                         cwd=tempfile.gettempdir())
         self._send({"model": model_path, "dtype": VLLM_DTYPES.get(dtype, dtype), "max_model_len": max_model_len,

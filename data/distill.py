@@ -29,7 +29,7 @@ from specheads.data.models import add_device_arguments, load_base_model, load_to
 from specheads.heads.files import check_output_file
 from specheads.data.sharegpt import load_conversations, split_heldout
 from specheads.data.questions import base_id
-from specheads.inference.cli import non_negative_float, non_negative_int, positive_int, top_p
+from specheads.data.arguments import non_negative_float, non_negative_int, positive_int, top_p
 
 USAGE = """Regenerate the assistant turns of a ShareGPT-format dataset with the base model itself.
 

