@@ -259,6 +259,8 @@ def test_serve_vllm_script_writes_the_deployment_figures(tmp_path):
     assert results["plain_tokens_per_s"] > 0 and results["draft_tokens_per_s"] > 0
     assert results["engine_acceptance_length"] > 1.0 and results["ours_acceptance_length"] > 1.0
     assert "--speculative-config" in results["serve_command"] and (out / "results.md").is_file()
+    # the command it prints starts on a CPU as pasted: vLLM's CPU build stops at start without its KV cache size
+    assert results["serve_command"].startswith("env VLLM_CPU_KVCACHE_SPACE="), results["serve_command"]
 
 
 # ---- DFlash: the block drafter in vLLM's `dflash` method ---------------------------------------------

@@ -345,6 +345,32 @@ schedule:
     assert not any((run / name).exists() for name in ("checkpoints", "stages", "heads")), list(run.iterdir())
 
 
+def test_an_output_dir_in_what_the_run_reads_is_refused_before_anything_is_written(trained, tmp_path, tiny_llama_dir):
+    """train.output_dir that is, or lies inside, an input (the model folder, a later stage's data) would get the
+    run's lock, heads and checkpoints written into what it reads: one line naming both, before anything is
+    written there."""
+    config, _ = trained
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    before = snapshot(model), sorted(model.rglob("*"))
+    for out in (model, model / "run"):
+        result = train(config, f"model.name={model}", f"train.output_dir={out}")
+        assert_refused(result, "train.output_dir", "model.name", "apart from every input")
+        assert (snapshot(model), sorted(model.rglob("*"))) == before  # not even the lock folder
+    data = tmp_path / "later" / "answers.jsonl"
+    data.parent.mkdir()
+    write_jsonl(data, synthetic_sharegpt(40))
+    scheduled = write_config(tmp_path, None, None, None, config.read_text() + f"""
+schedule:
+  - name: first
+  - name: later
+    data: {{dataset: {data}}}
+""")
+    result = train(scheduled, f"train.output_dir={data}")
+    assert_refused(result, "schedule[1] (later)", "train.output_dir", "data.dataset")
+    assert data.is_file() and not (tmp_path / "run").exists()
+
+
 def test_a_dataset_smaller_than_one_batch_is_one_line(trained, tmp_path):
     """6 conversations, half held out: 3 left for batches of 4 (a ValueError traceback from the data order)."""
     config, _ = trained

@@ -21,10 +21,11 @@ evaluation in <output_dir>/stages/NN-name/, the last one's are also <output_dir>
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 
-from specheads.data.sharegpt import MissingDataFile, check_source
-from specheads.train.config import _build, config_to_dict
+from specheads.data.sharegpt import MissingDataFile, check_source, dataset_sources
+from specheads.heads.files import OutputPathError, check_no_overlap
+from specheads.train.config import ConfigError, _build, config_to_dict
 
 STAGE_TRAIN_KEYS = ("epochs", "max_steps", "lr", "weight_decay", "adam_betas", "warmup_ratio", "max_grad_norm",
                     "head_loss_decay")
@@ -113,3 +114,29 @@ def check_inputs(run_stages: list[Stage]) -> None:
         except FileNotFoundError as err:
             where = f"schedule[{stage.index}] ({stage.name}): " if stage.name else ""
             raise MissingDataFile(f"{where}data.dataset: {err}") from err
+
+
+def check_output_dirs(run_stages: list[Stage]) -> None:
+    """A run writes its lock, heads, checkpoints and logs under train.output_dir: never into what any stage reads
+    (it may hold an input: it writes only its own subfolders). ConfigError naming both, before anything is
+    written."""
+    for stage in run_stages:
+        try:
+            check_no_overlap(stage.cfg.train.output_dir, stage_inputs(stage.cfg), above_inputs_ok=True,
+                             what="train.output_dir")
+        except OutputPathError as err:
+            where = f"schedule[{stage.index}] ({stage.name}): " if stage.name else ""
+            raise ConfigError(f"{where}{err}") from err
+
+
+def stage_inputs(cfg) -> list[tuple[str, str]]:
+    """(key, path) of what a stage reads from disk: each data.dataset source, model.name, any section's
+    init_draft / init_heads (names that are not local paths are skipped by the overlap check)."""
+    inputs = [("data.dataset", name) for name, _ in dataset_sources(cfg.data.dataset)]
+    inputs.append(("model.name", cfg.model.name))
+    for section in fields(cfg):
+        value = getattr(cfg, section.name)
+        for key in ("init_draft", "init_heads"):
+            if is_dataclass(value) and key in {f.name for f in fields(value)}:
+                inputs.append((f"{section.name}.{key}", getattr(value, key)))
+    return inputs

@@ -44,7 +44,7 @@ from specheads.train.distributed import (accelerator_settings, gathered_state_di
 from specheads.train.resume import (apply_config_hyperparameters, changed_optimizer_settings, check_same_run,
                                     flat_config, resume_point)
 from specheads.train.run_dir import OutputDirLock
-from specheads.train.schedule import Stage, check_inputs, stage_tree, stages
+from specheads.train.schedule import Stage, check_inputs, check_output_dirs, stage_tree, stages
 
 
 class Trainer:
@@ -68,6 +68,7 @@ class Trainer:
                                        mixed_precision=resolve_mixed_precision(t.mixed_precision),
                                        log_with="tensorboard", project_dir=str(self.out / "logs"))
         self.main = self.accelerator.is_main_process
+        check_output_dirs(self.stages)  # before the lock folder is made: nothing written into an input
         lock = OutputDirLock(self.out) if self.main else None
         if lock is not None:
             lock.acquire()
