@@ -1,7 +1,7 @@
 # Recipes and benchmark replays: every committed head, dataset and result is made by one target here
 # (included by the Makefile, which keeps set-up, the demo and the tests; `make help` lists both).
 .PHONY: distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results \
-	prompts distill-mix eagle3-mix bench-mix
+	prompts distill-mix distill-qwen-mix eagle3-mix bench-mix
 
 # The full Medusa-1 recipe (~55 minutes on 2 cores, 41 of them training; the committed heads/trained/smollm2-135m-medusa1
 # used its config with heads.draft_vocab_size=8192 from the start): train Medusa-1 heads on SmolLM2-135M-Instruct's own
@@ -201,6 +201,11 @@ prompts: setup
 distill-mix: setup setup-engines
 	VLLM_CPU_KVCACHE_SPACE=6 $(BIN)/python scripts/self_distill.py --dataset $(MIX_PROMPTS) --backend vllm \
 		--batch-size 48 --max-new-tokens 192 --max-prompt-tokens 384 --out data/distilled/smollm2-135m-offline-mix.jsonl
+# The 1.5B's answers to the first 600 of them that fit 256 tokens, for its EAGLE-3 recipe (vLLM pinned to core 0).
+distill-qwen-mix: setup-qwen setup-engines
+	VLLM_CPU_KVCACHE_SPACE=6 VLLM_CPU_OMP_THREADS_BIND=0 $(BIN)/python scripts/self_distill.py --model $(QWEN) \
+		--dataset $(MIX_PROMPTS) --backend vllm --limit 600 --batch-size 100 --max-new-tokens 160 \
+		--max-prompt-tokens 256 --out data/distilled/qwen2.5-coder-1.5b-offline-mix.jsonl
 eagle3-mix: setup
 	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3-mix.yaml --resume
 bench-mix: setup

@@ -102,10 +102,14 @@ def test_no_benchmark_prompt_was_in_any_training_data(splits, sharegpt):
     assert any("heads/trained" in where for where, _ in sections)
     by_id = {c.id: c for c in sharegpt}
     in_vicuna_train = 0
+    from specheads.data.sharegpt import dataset_sources
+
     for where, data in sections:
-        dataset = data.get("dataset", "sharegpt")
-        if dataset != "sharegpt":
-            assert (REPO / dataset).is_file() and str(dataset).startswith("data/distilled/"), (where, dataset)
+        names = [name for name, _ in dataset_sources(data.get("dataset", "sharegpt"))]  # a mixture: each source
+        for dataset in names:
+            if dataset != "sharegpt":
+                assert (REPO / dataset).is_file() and str(dataset).startswith("data/distilled/"), (where, dataset)
+        if "sharegpt" not in names:
             continue
         train, _ = split_heldout(sharegpt, data.get("heldout_size", 200), data.get("split_seed", 0))
         trained = {c.id for c in train[: data.get("max_train_conversations")]}
