@@ -10,6 +10,11 @@ loudly for one that is not.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
+from pathlib import Path
+
 from dataclasses import dataclass
 
 IGNORE_INDEX = -100
@@ -95,3 +100,48 @@ def pad_batch(examples: list[TokenizedConversation], pad_token_id: int):
         labels[row, :n] = torch.tensor(example.labels)
         attention_mask[row, :n] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of what decides a tokenizer's ids: its full serialised form (fast tokenizers) or vocabulary, its
+    class and chat template."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    extra = json.dumps([type(tokenizer).__name__, tokenizer.chat_template, tokenizer.all_special_tokens])
+    return hashlib.sha256((body + "\0" + extra).encode()).hexdigest()
+
+
+def _tokenize_batch(batch: dict, tokenizer, max_length: int) -> dict:
+    out = [tokenize_conversation(tokenizer, messages, max_length) for messages in batch["messages"]]
+    return {"input_ids": [o.input_ids for o in out], "labels": [o.labels for o in out]}
+
+
+# The tokenisation code itself is part of the cache key: a change to it never reads an older file.
+_CODE = "".join(inspect.getsource(f) for f in (tokenize_conversation, assistant_char_spans, _render))
+
+
+def tokenize_all(conversations, tokenizer, max_length: int, cache_dir: str | Path | None, desc: str = "tokenising"):
+    """tokenize_conversation over `conversations` through `datasets.map`, its result cached as an Arrow file under
+    `cache_dir` (None: no cache) keyed by the conversations' text, the tokenizer (tokenizer_fingerprint), max_length
+    and this module's tokenisation code: a second run, or a second process of the same run, reads it instead of
+    tokenising again. Returns TokenizedConversation per conversation, in order."""
+    import datasets
+
+    messages = [c.messages for c in conversations]
+    if not messages:
+        return []
+    table = datasets.Dataset.from_dict({"messages": messages})
+    cache_file = None
+    if cache_dir is not None:
+        key = hashlib.sha256()
+        for part in (json.dumps(messages, ensure_ascii=False), tokenizer_fingerprint(tokenizer), str(max_length),
+                     _CODE):
+            key.update(part.encode() + b"\0")
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        cache_file = str(Path(cache_dir) / f"tokens-{key.hexdigest()[:24]}.arrow")
+    mapped = table.map(_tokenize_batch, batched=True, batch_size=256, remove_columns=["messages"],
+                       fn_kwargs={"tokenizer": tokenizer, "max_length": max_length}, cache_file_name=cache_file,
+                       load_from_cache_file=cache_file is not None, new_fingerprint=Path(cache_file or "none").stem,
+                       desc=desc)
+    return [TokenizedConversation(list(ids), list(labels))
+            for ids, labels in zip(mapped["input_ids"], mapped["labels"])]

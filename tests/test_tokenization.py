@@ -98,3 +98,37 @@ def test_pad_batch_masks_padding(smollm2_tokenizer):
     assert batch["input_ids"].shape == (2, len(a.input_ids))
     assert batch["attention_mask"][1].sum() == len(b.input_ids)
     assert (batch["labels"][1, len(b.input_ids):] == IGNORE_INDEX).all()
+
+
+def test_tokenize_all_is_tokenize_conversation_and_a_second_run_reads_its_cache(smollm2_tokenizer, tmp_path,
+                                                                                 monkeypatch):
+    """datasets.map with a cache file keyed by text, tokenizer, max_length and code: the same examples as the plain
+    loop; a second call reads the file (tokenising again would raise here); another max_length or chat template
+    makes another file."""
+    import copy
+
+    from specheads.data import tokenization
+    from specheads.data.sharegpt import Conversation
+    from specheads.data.tokenization import tokenize_all
+
+    conversations = [Conversation(f"c{i}", [{"role": "user", "content": f"Count to {i}."},
+                                            {"role": "assistant", "content": " ".join(map(str, range(i + 1)))}])
+                     for i in range(12)]
+    plain = [tokenize_conversation(smollm2_tokenizer, c.messages, 24) for c in conversations]
+    first = tokenize_all(conversations, smollm2_tokenizer, 24, tmp_path)
+    assert first == plain and len(list(tmp_path.glob("tokens-*.arrow"))) == 1
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("tokenised again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tokenization, "tokenize_conversation", refuse)
+        assert tokenize_all(conversations, smollm2_tokenizer, 24, tmp_path) == plain
+        with pytest.raises(AssertionError, match="tokenised again"):
+            tokenize_all(conversations, smollm2_tokenizer, 32, tmp_path)  # another max_length: not that file
+        other = copy.deepcopy(smollm2_tokenizer)
+        other.chat_template = other.chat_template.replace("<|im_start|>", "<|im_start|> ")
+        with pytest.raises(AssertionError, match="tokenised again"):
+            tokenize_all(conversations, other, 24, tmp_path)
+    assert tokenize_all(conversations[:3], smollm2_tokenizer, 24, None) == plain[:3]  # no cache asked: none written
+    assert len(list(tmp_path.glob("tokens-*.arrow"))) == 1

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import random
 
-from tqdm.auto import tqdm
-
 from specheads.data.sharegpt import load_mixture
-from specheads.data.tokenization import pad_batch, tokenize_conversation
+from specheads.data.models import cache_root
+from specheads.data.tokenization import pad_batch, tokenize_all
 from specheads.train.config import TrainSection
 
 
 def build_examples(conversations, tokenizer, max_length: int, desc: str):
-    examples = []
-    for conversation in tqdm(conversations, desc=f"tokenising {desc}", leave=False):
-        example = tokenize_conversation(tokenizer, conversation.messages, max_length)
-        if example.num_labels > 0:
-            examples.append(example)
-    return examples
+    """The conversations tokenised (data/tokenization.tokenize_all: through datasets.map, cached under
+    <specheads cache>/tokens, so a rerun or another process of the run reads them), those with no answer token
+    left out."""
+    examples = tokenize_all(conversations, tokenizer, max_length, cache_root() / "tokens", desc=f"tokenising {desc}")
+    return [example for example in examples if example.num_labels > 0]
 
 
 def load_examples(cfg, tokenizer):

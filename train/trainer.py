@@ -144,7 +144,8 @@ class Trainer:
             set_seed(t.seed)
         self.stage, self.task = stage, self.make_task(stage.cfg)
         if self.data is None or self.data[0] != stage.cfg.data:
-            self.data = (stage.cfg.data, *load_examples(stage.cfg, self.tokenizer))
+            with self.accelerator.main_process_first():  # the others read its tokenised cache
+                self.data = (stage.cfg.data, *load_examples(stage.cfg, self.tokenizer))
         _, self.train_examples, self.heldout_examples = self.data
 
         module = self.task.build(self.base, self.tokenizer, self.train_examples) if first else \
