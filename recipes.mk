@@ -194,7 +194,7 @@ distill-eagle3: setup
 # seeded templates (data/prompts/offline-mix.jsonl, data/prompt_sources.py), SmolLM2's answers to them through vLLM
 # (~15 minutes on 2 cores; resumable), one more epoch of the committed EAGLE-3 draft on them mixed with chat
 # (configs/smollm2-135m-eagle3-mix.yaml, ~50 minutes on one core), and its test-split benchmark beside the
-# committed draft's (bench-smol-test-t0), per category.
+# committed draft's (bench-smol-test-t0), per category, with the committed draft's tree (10/7/40 @0.03).
 MIX_PROMPTS := data/prompts/offline-mix.jsonl
 prompts: setup
 	$(BIN)/python scripts/make_prompts.py --out $(MIX_PROMPTS)
@@ -210,4 +210,5 @@ eagle3-mix: setup
 	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3-mix.yaml --resume
 bench-mix: setup
 	$(BENCH) --drafts runs/smollm2-135m-eagle3-mix/heads --methods baseline,eagle3,eagle3_pld --temperature 0 \
+		--eagle-top-k 10 --eagle-depth 7 --eagle-tokens 40 --eagle-min-prob 0.03 \
 		$(TEST_SPLIT) --experiment eagle3-mix --out runs/bench-smol-test-mix-t0

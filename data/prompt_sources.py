@@ -169,7 +169,7 @@ def offline_mix(code: int, extraction: int, math_per_template: int, seed: int = 
     pools = [code_prompts(root), extraction_prompts(root), math_prompts(math_per_template, seed)]
     wanted = [code, extraction, len(pools[2])]
     chosen = [r.sample(pool, min(n, len(pool))) for pool, n in zip(pools, wanted)]
-    merged = [p for p in (item for group in chosen for item in group)]
+    merged = [item for group in chosen for item in group]
     r.shuffle(merged)
     return [{"id": p["id"], "conversations": [{"from": "human", "value": p["text"]}]} for p in merged]
 
