@@ -1,6 +1,6 @@
 # Recipes and benchmark replays: every committed head, dataset and result is made by one target here
 # (included by the Makefile, which keeps set-up, the demo and the tests; `make help` lists both).
-.PHONY: distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results \
+.PHONY: ablation distill-smol-t1 distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results \
 	prompts distill-mix distill-qwen-mix eagle3-mix bench-mix
 
 # The full Medusa-1 recipe (~55 minutes on 2 cores, 41 of them training; the committed heads/trained/smollm2-135m-medusa1
@@ -155,6 +155,7 @@ BENCHES := $(TEST_BENCHES) $(filter-out $(TEST_BENCHES),$(BENCH_NAMES))
 results: setup
 	$(BIN)/python scripts/results.py --run heads/trained/smollm2-135m-medusa1 --run heads/trained/smollm2-135m-eagle3 \
 		--run heads/trained/qwen2.5-coder-1.5b-medusa --store data/benchmarks \
+		$(foreach a,$(ABLATION_DONE),--ablation runs/ablation/$(a)) \
 		$(foreach b,$(BENCHES),$(if $(wildcard runs/$(b)/results.json),--bench runs/$(b),$(if \
 			$(wildcard data/benchmarks/$(b)/results.json),--bench data/benchmarks/$(b))))
 
@@ -212,3 +213,39 @@ bench-mix: setup
 	$(BENCH) --drafts runs/smollm2-135m-eagle3-mix/heads --methods baseline,eagle3,eagle3_pld --temperature 0 \
 		--eagle-top-k 10 --eagle-depth 7 --eagle-tokens 40 --eagle-min-prob 0.03 \
 		$(TEST_SPLIT) --experiment eagle3-mix --out runs/bench-smol-test-mix-t0
+
+# τ per datum (issue 48, docs/results.md "Ablation"): EAGLE-3 drafts for SmolLM2 from scratch, each arm the base
+# config (configs/smollm2-135m-eagle3-ablation.yaml: 800 greedy chat answers, 2 epochs, 200 updates) with one
+# lever changed, trained on one pinned core (CMP_CPU), then benchmarked on the first 48 test prompts (6 per
+# category) at T=0 with the committed draft's tree, and at T=1 on the first 24. Arms reading the same data share
+# the cached base states. `make ablation` runs the arms not yet finished (each resumes), then the results pages;
+# `make ablation-ARM` runs one. The T=1 arm reads SmolLM2's T=1 samples for the same 3,000 prompts
+# (`make distill-smol-t1`, vLLM, a few minutes).
+ABL_CONFIG := configs/smollm2-135m-eagle3-ablation.yaml
+ABL_CHAT := data/distilled/smollm2-135m-sharegpt-train-3000.jsonl
+ABL_OFFLINE := data/distilled/smollm2-135m-offline-mix.jsonl
+ABL_CHAT_T1 := data/distilled/smollm2-135m-sharegpt-train-3000-t1.jsonl
+ABL_base :=
+ABL_ttt7 := eagle.ttt_steps=7
+ABL_epochs4 := train.epochs=4
+ABL_mix := 'data.dataset=[{source: $(ABL_CHAT), weight: 0.13793}, {source: $(ABL_OFFLINE), weight: 0.26846}]'
+ABL_sampled := 'data.dataset=[{source: $(ABL_CHAT_T1), weight: 0.27587}, {source: $(ABL_OFFLINE), weight: 0}]'
+ABLATION_ARMS := base ttt7 epochs4 mix sampled
+ABLATION_DONE := $(foreach a,$(ABLATION_ARMS),$(if $(wildcard runs/ablation/$(a)/bench-t1/results.json),$(a)))
+ABL_TREE := --eagle-top-k 10 --eagle-depth 7 --eagle-tokens 40 --eagle-min-prob 0.03
+ablation: $(addprefix ablation-,$(filter-out $(ABLATION_DONE),$(ABLATION_ARMS)))
+	$(MAKE) results
+ablation-sampled: $(ABL_CHAT_T1)
+ablation-%: setup
+	$(CMP_TRAIN) train/eagle.py --config $(ABL_CONFIG) --resume train.output_dir=runs/ablation/$* $(ABL_$*)
+	test -f runs/ablation/$*/bench-t0/results.json || $(CMP_TRAIN) scripts/bench.py --drafts runs/ablation/$*/heads \
+		--methods baseline,eagle3 --temperature 0 $(ABL_TREE) $(TEST_SPLIT) --max-questions 48 \
+		--experiment ablation-$* --out runs/ablation/$*/bench-t0
+	test -f runs/ablation/$*/bench-t1/results.json || $(CMP_TRAIN) scripts/bench.py --drafts runs/ablation/$*/heads \
+		--methods baseline,eagle3 --temperature 1 $(TEST_SPLIT) --max-questions 24 \
+		--experiment ablation-$* --out runs/ablation/$*/bench-t1
+$(ABL_CHAT_T1): | setup-engines
+	VLLM_CPU_KVCACHE_SPACE=4 $(BIN)/python scripts/self_distill.py --backend vllm --split train --limit 3000 \
+		--batch-size 48 --max-new-tokens 192 --max-prompt-tokens 384 --temperature 1 --seed 0 --out $@.partial
+	mv $@.partial $@
+distill-smol-t1: $(ABL_CHAT_T1)

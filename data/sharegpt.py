@@ -200,7 +200,8 @@ def dataset_sources(dataset) -> list[tuple[str, float]]:
 
 
 def weighted(conversations: list[Conversation], weight: float, seed: int) -> list[Conversation]:
-    """`weight` times over: whole copies for its integer part, a seeded sample for the rest (0.5: half)."""
+    """`weight` times over: whole copies for its integer part, a seeded sample for the rest (0.5: half; 0: none,
+    the source is only held out)."""
     whole, part = divmod(weight, 1.0)
     extra = random.Random(seed).sample(conversations, round(part * len(conversations)))
     return conversations * int(whole) + extra

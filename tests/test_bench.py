@@ -394,3 +394,52 @@ def test_speedup_interval_resamples_questions():
     assert low < estimate < high and high - low > 0.2
     narrow = [b * r for b, r in zip(base * 5, [1.9, 2.1, 2.0, 2.0] * 5)]
     assert (lambda i: i[1] - i[0])(speedup_interval(narrow, base * 5)) < (high - low) / 4
+
+
+def test_ablation_records_render_one_row_per_arm_with_its_lever(tmp_path):
+    """`make ablation`: each finished arm's run folder becomes a record (data/ablation/<arm>.json) that renders
+    its row on a fresh clone; the lever column is what the arm's config changes against the base arm's."""
+    from specheads.inference.bench import ablation
+
+    def arm(name, ttt, tau_t0, steps):
+        run = tmp_path / "runs" / name
+        (run / "checkpoints" / f"step-{steps:06d}").mkdir(parents=True)
+        (run / "checkpoints" / "step-000025").mkdir()
+        config = {"eagle": {"ttt_steps": ttt}, "train": {"output_dir": str(run), "epochs": 2}}
+        (run / "train_config.json").write_text(json.dumps(config))
+        (run / "eval.json").write_text(json.dumps({"tau_t0": tau_t0, "tau_t1": tau_t0 - 0.3, "top1": [0.4],
+                                                   "throughput": {"seconds": 100.0 * ttt}}))
+        for t, tau in (("0", tau_t0 - 0.2), ("1", tau_t0 - 0.5)):
+            (run / f"bench-t{t}").mkdir()
+            (run / f"bench-t{t}" / "results.json").write_text(json.dumps({
+                "command": f"python scripts/bench.py --drafts {run}/heads", "temperature": int(t),
+                "methods": {"eagle3": {"overall": {"tau": tau, "speedup": tau / 1.3, "tokens_per_s": 20.0,
+                                                   "questions": 48},
+                                       "per_category": {"math": {"tau": tau + 0.1, "speedup": 1.0}}}}}))
+        return run
+
+    store = tmp_path / "data" / "ablation"
+    for run in (arm("ttt7", 7, 1.61, 200), arm("base", 4, 1.52, 200)):
+        ablation.store_arm(run, store)
+    records = ablation.load_records(store)
+    assert [r["arm"] for r in records] == ["base", "ttt7"] and records[1]["updates"] == 200
+    table = ablation.render_ablation(records)
+    assert "| base | — | 200 | 400 | 1.520 | 1.220 | 1.02x (τ 1.32) | 0.78x (τ 1.02) |" in table
+    assert "| ttt7 | `eagle.ttt_steps=7` | 200 | 700 | 1.610 | 1.310 |" in table  # output_dir is no lever
+    assert "| ttt7 | 1.51 |" in table  # per category
+    page = tmp_path / "results.md"
+    page.write_text(f"head\n{ablation.START}\nold\n{ablation.END}\ntail\n")
+    ablation.replace_ablation_section(page, table)
+    assert page.read_text().startswith("head\n") and "old" not in page.read_text() and table in page.read_text()
+    # an unfinished arm is named, not rendered half
+    (tmp_path / "runs" / "half").mkdir()
+    with pytest.raises(ablation.AblationError, match="half: no train_config.json"):
+        ablation.record_arm(tmp_path / "runs" / "half")
+    with pytest.raises(ablation.AblationError, match="markers"):
+        ablation.replace_ablation_section(_no_markers(tmp_path), table)
+
+
+def _no_markers(tmp_path):
+    page = tmp_path / "plain.md"
+    page.write_text("no markers\n")
+    return page

@@ -104,6 +104,9 @@ def test_a_mixture_keeps_each_sources_held_out_split_and_weights_only_the_traini
                              5, 0)[0]) == _ids(train)  # seeded: the same mixture every time
     half, _ = load_mixture([{"source": str(tmp_path / "a.jsonl"), "weight": 0.5}], 5, 0)
     assert len(half) == round(0.5 * 25)
+    # weight 0: the source is evaluated (its held-out split, round-robin as before) and never trained on
+    train0, held0 = load_mixture([str(tmp_path / "a.jsonl"), {"source": str(tmp_path / "b.jsonl"), "weight": 0}], 5, 0)
+    assert _ids(train0) == _ids(alone_train) and _ids(held0) == _ids(held)
 
 
 def test_prompts_without_answers_load_only_when_asked(tmp_path):
@@ -127,7 +130,8 @@ def test_a_mixed_dataset_in_the_config_is_checked_named_and_fingerprinted(tmp_pa
     assert cfg.data.dataset[1].weight == 2.0
     with pytest.raises(MissingDataFile, match="b.jsonl"):
         check_source(cfg.data.dataset)
-    for bad, field in (("[]", "empty list"), ("[{source: a.jsonl, weight: 0}]", r"data.dataset\[\].weight"),
+    for bad, field in (("[]", "empty list"), ("[{source: a.jsonl, weight: -1}]", r"data.dataset\[\].weight"),
+                       ("[{source: a.jsonl, weight: 0}]", "every source has weight 0"),
                        ("[{path: a.jsonl}]", "unknown key")):
         config.write_text(f"data:\n  dataset: {bad}\n")
         with pytest.raises(ConfigError, match=field):

@@ -183,10 +183,10 @@ class ModelSection:
 class DataSource:
     """One source of a mixed data.dataset: `{source: answers.jsonl, weight: 2}`."""
     source: str
-    weight: float = 1.0  # its training side this many times over (2: twice; 0.5: a seeded half)
+    weight: float = 1.0  # its training side this many times over (2: twice; 0.5: a seeded half; 0: held out only)
 
     def validate(self):
-        check_finite("data.dataset[]", self, ["weight"])
+        check_finite("data.dataset[]", self, ["weight"], inclusive=True)
 
 
 @dataclass
@@ -210,6 +210,9 @@ class DataSection:
         resolve_chat_template(self.chat_template, "data.chat_template")  # a wrong name stops before any weights load
         if isinstance(self.dataset, list) and not self.dataset:
             raise ValueError("data.dataset: an empty list names no data (give one source or several)")
+        if isinstance(self.dataset, list) and all(isinstance(s, DataSource) and s.weight == 0 for s in self.dataset):
+            raise ValueError("data.dataset: every source has weight 0, so nothing is left to train on (weight 0 "
+                             "keeps a source for the held-out evaluation only)")
         if self.max_length < 8:
             raise ValueError(f"data.max_length must be >= 8, got {self.max_length}")
         if not self.split.strip():

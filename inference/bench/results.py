@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specheads.heads.files import write_text
 
+from .ablation import AblationError, load_records, render_ablation, replace_ablation_section, store_arm
 from .report import machine, noise_line, write_results
 
 
@@ -322,7 +323,7 @@ def replace_between_markers(path: Path, section: str) -> None:
 def main(argv=None) -> None:
     try:
         regenerate(argv)
-    except (ResultsError, FileNotFoundError) as err:
+    except (ResultsError, AblationError, FileNotFoundError) as err:
         raise SystemExit(f"results.py: {err}") from None
 
 
@@ -335,7 +336,13 @@ def regenerate(argv=None) -> None:
                         help="first recompute each --bench folder's figures from its records.json, where it has one")
     parser.add_argument("--readme", default="README.md", type=Path, help="gets the summary table")
     parser.add_argument("--page", default="docs/results.md", type=Path, help="gets every table")
+    parser.add_argument("--ablation", action="append", default=[], type=Path,
+                        help="a finished ablation arm's run folder (repeatable): its record is stored in --ablation-store")
+    parser.add_argument("--ablation-store", default=Path("data/ablation"), type=Path,
+                        help="the ablation arms' records; their table is rendered into --page whenever it has any")
     args = parser.parse_args(argv)
+    for arm in args.ablation:
+        store_arm(arm, args.ablation_store)
     runs = args.run or [Path("runs/smollm2-135m-medusa1")]
     for directory in args.bench:
         if not (directory / "results.json").is_file():
@@ -351,6 +358,8 @@ def regenerate(argv=None) -> None:
                            + [render(run) for run in runs]
                            + [f"This section: `{command}`; {datetime.date.today()}, {machine()}."])
     replace_between_markers(args.page, section)
+    if args.ablation_store.is_dir():
+        replace_ablation_section(args.page, render_ablation(load_records(args.ablation_store)))
     headline = [render_headline(args.bench)] if args.bench else []
     replace_between_markers(args.readme, "\n\n".join(
         headline + [f"Every table, the training runs and the command that regenerates them: [{args.page}]({args.page})."]))
