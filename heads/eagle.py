@@ -54,6 +54,9 @@ class EagleConfig:
     # eagle3: the layer's residual is hidden_norm(feature) instead of the feature itself (the speculators library's
     # option, its training default; vLLM reads it). specheads trains without; imported drafts may have it.
     norm_before_residual: bool = False
+    # eagle3: decoder layers in the draft. The first reads [norm(embedding), norm(feature)] (2H wide); each further
+    # one is a plain decoder layer of the same kind over the previous one's output. Engines' formats hold one.
+    num_layers: int = 1
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -70,6 +73,10 @@ class EagleConfig:
                 raise ValueError(f"EagleConfig.aux_layer_ids must name 3 base layers, got {self.aux_layer_ids}")
         if "model_type" not in self.layer_config:
             raise ValueError("EagleConfig.layer_config must be a transformers config dict with a model_type")
+        if not isinstance(self.num_layers, int) or isinstance(self.num_layers, bool) or self.num_layers < 1 or (
+                self.num_layers > 1 and self.variant != "eagle3"):
+            raise ValueError(f"EagleConfig.num_layers must be a positive integer, above 1 only for eagle3 drafts; "
+                             f"got {self.num_layers!r} for {self.variant}")
         if not isinstance(self.norm_before_residual, bool) or (self.norm_before_residual and self.variant != "eagle3"):
             raise ValueError(f"EagleConfig.norm_before_residual must be true or false, and true only for eagle3 drafts; "
                              f"got {self.norm_before_residual!r} for {self.variant}")
@@ -107,7 +114,9 @@ class EagleConfig:
     def transformers_config(self):
         values = dict(self.layer_config)
         config = AutoConfig.for_model(values.pop("model_type"), **values)
-        config.num_hidden_layers = 1
+        config.num_hidden_layers = self.num_layers
+        if getattr(config, "layer_types", None):  # one kind per draft layer: the kind the first one has
+            config.layer_types = config.layer_types[:1] * self.num_layers
         # Eager attention takes an additive float mask of any dtype (the tree and unrolled-step masks).
         config._attn_implementation = "eager"
         return config
@@ -175,7 +184,7 @@ class EagleDraft(DraftModule):
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
             self.set_vocab_mapping(torch.arange(config.draft_vocab_size))
-        self.layers = nn.ModuleList([layer])
+        self.layers = nn.ModuleList([layer] + [layer_class(layer_config, layer_idx=i) for i in range(1, config.num_layers)])
 
     # ---- vocabulary (EAGLE-3) --------------------------------------------------------------
 
@@ -204,7 +213,7 @@ class EagleDraft(DraftModule):
         state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
         wanted = {k for k in converted.state_dict() if not k.startswith("rotary_emb.")}
         dropped = {k: float(v.abs().max()) for k, v in state.items() if k not in wanted}
-        unknown = [k for k in dropped if not re.fullmatch(r"layers\.0\.self_attn\.[qkvo]_proj\.bias", k)]
+        unknown = [k for k in dropped if not re.fullmatch(r"layers\.\d+\.self_attn\.[qkvo]_proj\.bias", k)]
         if unknown:
             raise ValueError(f"the draft layer holds {unknown}, which a Llama layer has no place for")
         converted.load_state_dict({k: v for k, v in state.items() if k in wanted}, strict=False)
@@ -223,7 +232,8 @@ class EagleDraft(DraftModule):
         precision). Decoding switches to "sdpa" (inference/eagle.py): on a 2-core CPU, bf16 SmolLM2, the
         eager path's two bmm over the draft's cache took ~0.9 ms of a 2.6 ms draft step, SDPA's fused kernel
         brought the step to ~1.05 ms."""
-        self.layers[0].self_attn.config._attn_implementation = implementation
+        for layer in self.layers:
+            layer.self_attn.config._attn_implementation = implementation
 
     # ---- forward ---------------------------------------------------------------------------
 
@@ -249,7 +259,11 @@ class EagleDraft(DraftModule):
         attended, _ = layer.self_attn(hidden_states=attention_input, position_embeddings=position_embeddings,
                                       attention_mask=attention_mask, **{self._attn_cache_argument: cache})
         hidden = residual + attended
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        for later in self.layers[1:]:  # eagle3 with num_layers > 1: plain decoder layers, each its own cache slot
+            hidden = later(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
+                           **{self._attn_cache_argument: cache})
+        return hidden
 
     def logits(self, draft_hidden: torch.Tensor, base_lm_head: nn.Module | None = None) -> torch.Tensor:
         """Token logits of the draft's output: over the full vocabulary (EAGLE-1, base lm_head) or the

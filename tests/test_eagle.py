@@ -4,6 +4,7 @@ import copy
 import json
 import subprocess
 import sys
+import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 
@@ -35,9 +36,9 @@ def deep_tiny_model(arch: str, **kwargs):
     return deeper
 
 
-def fitted_draft(model, variant: str, steps: int = 150, layer: str | None = None, **sampling):
+def fitted_draft(model, variant: str, steps: int = 150, layer: str | None = None, num_layers: int = 1, **sampling):
     """A draft trained for a moment on the model's own text (same unrolled loss as train/eagle.py); layer: as
-    EagleConfig.for_base takes it (default a new draft's)."""
+    EagleConfig.for_base takes it (default a new draft's); num_layers: EAGLE-3's decoder layers."""
     from specheads.train.eagle import base_targets, unrolled_draft
 
     torch.manual_seed(7)
@@ -46,8 +47,8 @@ def fitted_draft(model, variant: str, steps: int = 150, layer: str | None = None
         text = model.generate(prompts, max_new_tokens=30, do_sample=bool(sampling), pad_token_id=0,
                               attention_mask=torch.ones_like(prompts), **sampling)
         states = model.model(text, output_hidden_states=True).hidden_states
-    draft = EagleDraft(EagleConfig.for_base(model.config, "tiny", variant=variant, draft_vocab_size=VOCAB - 8,
-                                            layer=layer))
+    config = EagleConfig.for_base(model.config, "tiny", variant=variant, draft_vocab_size=VOCAB - 8, layer=layer)
+    draft = EagleDraft(dataclasses.replace(config, num_layers=num_layers))
     if variant == "eagle3":
         draft.set_vocab_mapping(torch.arange(8, VOCAB))  # ids 0..7 never drafted: exercises d2t
     draft = draft.to(model.dtype)
@@ -485,3 +486,47 @@ def test_train_eagle_from_a_saved_draft(tmp_path, tiny_llama_dir):
     refused = train("refused", 1e-2, init_draft=str(saved), draft_vocab_size=400)
     assert refused.returncode != 0
     assert "eagle.init_draft" in refused.stderr and "draft_vocab_size=500" in refused.stderr
+
+
+def test_a_two_layer_eagle3_draft_decodes_losslessly_and_is_refused_by_engine_formats(tmp_path):
+    """eagle.num_layers=2 (the ablation's lever): the second layer is a plain decoder layer with its own slot in the
+    draft's KV cache. Its tree pass must draft exactly what each path drafts alone (a second layer reading the
+    first layer's cache slot, or none, would not), greedy decoding stays the base's, the layer count survives
+    save/load, and engine formats (one layer) refuse it by name."""
+    from specheads.heads.formats import FORMATS
+
+    model = deep_tiny_model("llama")
+    draft = fitted_draft(model, "eagle3", num_layers=2)
+    assert len(draft.layers) == 2 and draft.layers[1].self_attn.layer_idx == 1
+    assert draft.layers[1].self_attn.q_proj.in_features == 32  # the later layer reads H, not [emb, feature]
+    source = EagleCandidates(draft, model, top_k=2, depth=4, total_tokens=15)
+    original, checked_trees = source.propose, []
+
+    def checked(root, hidden, context):
+        source._drop_tree_entries()
+        expected = reference_eagle2_tree(source, root)
+        tokens, buffers = original(root, hidden, context)
+        assert (tokens.tolist(), buffers.parent.tolist()) == expected
+        checked_trees.append(1)
+        return tokens, buffers
+
+    source.propose = checked
+    decoder = TreeDecoder(model, candidates=source)
+    steps = tokens = 0
+    for case in range(3):
+        torch.manual_seed(300 + case)
+        prompt = torch.randint(3, VOCAB, (1, 5 + 3 * case))
+        assert decoder.generate_ids(prompt, 30, eos_token_ids=[2]) == hf_greedy(model, prompt, 30), case
+        steps += len(decoder.stats.accepted_lengths)
+        tokens += sum(decoder.stats.accepted_lengths)
+    assert checked_trees and tokens > 1.5 * steps, "drafted tokens must get accepted for the test to mean anything"
+    draft.save_pretrained(tmp_path / "two")
+    loaded = EagleDraft.from_pretrained(tmp_path / "two")
+    assert loaded.config.num_layers == 2
+    torch.testing.assert_close(loaded.state_dict()["layers.1.mlp.up_proj.weight"].to(model.dtype),
+                               draft.state_dict()["layers.1.mlp.up_proj.weight"])
+    with pytest.raises(ValueError, match=r"2 decoder layers \(eagle.num_layers\).*holds one"):
+        FORMATS["vllm-eagle3"].export(tmp_path / "two", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="num_layers"):
+        EagleConfig(variant="eagle1", hidden_size=32, vocab_size=VOCAB, num_layers=2, layer_config={"model_type": "llama"})

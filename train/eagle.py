@@ -16,7 +16,7 @@ and settings (eagle.cache_features) so later epochs skip the base forward.
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -51,6 +51,7 @@ class EagleSection:
     init_draft: str | None = None  # start from this saved draft (weights and vocabulary mapping), e.g. more epochs or data
     layer: str | None = None  # llama (no attention bias: what engines load; eagle3's default) | base (eagle1's)
     fc_bias: bool = False  # eagle1: EAGLE's original fc bias (SGLang loads it; vLLM cannot)
+    num_layers: int = 1  # eagle3: draft decoder layers (engines' formats hold 1; more decode with specheads only)
     # ce | tv | ce+tv: the token loss per step: soft-CE, total variation to the base (1 − T=1 acceptance), or
     # soft-CE + tv_weight·TV. ce+tv: ahead of ce at T=1 in both seeds tried, level at T=0 (docs/results.md).
     loss: str = "ce+tv"
@@ -68,6 +69,9 @@ class EagleSection:
             raise ValueError(f"eagle.greedy_target_weight must be in [0, 1], got {self.greedy_target_weight}")
         if self.draft_vocab_size < 0:
             raise ValueError(f"eagle.draft_vocab_size must be >= 0, got {self.draft_vocab_size}")
+        if self.num_layers < 1 or (self.num_layers > 1 and self.variant != "eagle3"):
+            raise ValueError(f"eagle.num_layers must be >= 1, and above 1 only for eagle3, got {self.num_layers} "
+                             f"for {self.variant}")
         check_finite("eagle", self, ("feature_loss_weight", "token_loss_weight", "input_noise"), inclusive=True)
 
 
@@ -202,6 +206,7 @@ class EagleTask(DraftTask):
         config = EagleConfig.for_base(base.config, self.cfg.model.name, variant=e.variant,
                                       draft_vocab_size=e.draft_vocab_size, aux_layer_ids=self._layers(base) or None,
                                       layer=e.layer, fc_bias=e.fc_bias)
+        config = replace(config, num_layers=e.num_layers)
         if e.init_draft:
             return self._initial_draft(config, base)
         draft = EagleDraft(config)
@@ -215,7 +220,7 @@ class EagleTask(DraftTask):
         source = self.cfg.eagle.init_draft
         draft = EagleDraft.from_pretrained(source, base)
         theirs = draft.config
-        for name in ("variant", "draft_vocab_size", "aux_layer_ids"):
+        for name in ("variant", "draft_vocab_size", "aux_layer_ids", "num_layers"):
             if getattr(theirs, name) != getattr(config, name):
                 raise ConfigError(f"eagle.init_draft: {source} has {name}={getattr(theirs, name)!r}, "
                                  f"this config builds {name}={getattr(config, name)!r}")

@@ -183,6 +183,10 @@ class EagleLayout:
             raise ValueError(f"{source}: format {self.NAME!r} needs an {self.KIND} draft, but this draft's variant is "
                              f"{draft.config.variant!r}; export it in a format for {draft.config.variant} drafts "
                              f"(scripts/export.py --help lists them)")
+        if draft.config.num_layers != 1:
+            raise ValueError(f"{source}: the draft has {draft.config.num_layers} decoder layers (eagle.num_layers); "
+                             f"format {self.NAME!r} holds one, so engines cannot load it. Decode it with specheads "
+                             f"(chat.py, bench.py), or train a one-layer draft to serve")
         self.check(draft, source)
         tensors = self.to_tensors(draft)  # first: it refuses layers that are not Llama-style
         return self.to_config(draft, model), tensors
