@@ -407,6 +407,9 @@ class Trainer:
                 print(f"training throughput: {tp['samples_per_s']:.2f} samples/s, {tp['tokens_per_s']:.0f} tokens/s "
                       f"({tp['samples']} samples in {tp['seconds']:.0f} s)")
             print(f"saved to {self.out / 'heads'}")
+        # every rank at the same point before the process group goes: a rank that tore it down while the main one
+        # was still saving aborted at exit under load ("terminate called without an active exception", SIGABRT)
+        accelerator.wait_for_everyone()
         accelerator.end_training()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()  # else a second rank can abort at interpreter exit
