@@ -229,8 +229,9 @@ ABL_base :=
 ABL_ttt7 := eagle.ttt_steps=7
 ABL_epochs4 := train.epochs=4
 ABL_mix := 'data.dataset=[{source: $(ABL_CHAT), weight: 0.13793}, {source: $(ABL_OFFLINE), weight: 0.26846}]'
+ABL_layers2 := eagle.num_layers=2
 ABL_sampled := 'data.dataset=[{source: $(ABL_CHAT_T1), weight: 0.27587}, {source: $(ABL_OFFLINE), weight: 0}]'
-ABLATION_ARMS := base ttt7 epochs4 mix sampled
+ABLATION_ARMS := base ttt7 epochs4 mix layers2 sampled
 ABLATION_DONE := $(foreach a,$(ABLATION_ARMS),$(if $(wildcard runs/ablation/$(a)/bench-t1/results.json),$(a)))
 ABL_TREE := --eagle-top-k 10 --eagle-depth 7 --eagle-tokens 40 --eagle-min-prob 0.03
 ablation: $(addprefix ablation-,$(filter-out $(ABLATION_DONE),$(ABLATION_ARMS)))
