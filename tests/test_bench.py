@@ -399,7 +399,7 @@ def test_speedup_interval_resamples_questions():
 def test_ablation_records_render_one_row_per_arm_with_its_lever(tmp_path):
     """`make ablation`: each finished arm's run folder becomes a record (data/ablation/<arm>.json) that renders
     its row on a fresh clone; the lever column is what the arm's config changes against the base arm's."""
-    from specheads.inference.bench import ablation
+    from specheads.inference.bench import ablation, results
 
     def arm(name, ttt, tau_t0, steps):
         run = tmp_path / "runs" / name
@@ -429,14 +429,14 @@ def test_ablation_records_render_one_row_per_arm_with_its_lever(tmp_path):
     assert "| ttt7 | 1.51 |" in table  # per category
     page = tmp_path / "results.md"
     page.write_text(f"head\n{ablation.START}\nold\n{ablation.END}\ntail\n")
-    ablation.replace_ablation_section(page, table)
+    results.replace_between_markers(page, table, ablation.START, ablation.END)
     assert page.read_text().startswith("head\n") and "old" not in page.read_text() and table in page.read_text()
     # an unfinished arm is named, not rendered half
     (tmp_path / "runs" / "half").mkdir()
     with pytest.raises(ablation.AblationError, match="half: no train_config.json"):
         ablation.record_arm(tmp_path / "runs" / "half")
-    with pytest.raises(ablation.AblationError, match="markers"):
-        ablation.replace_ablation_section(_no_markers(tmp_path), table)
+    with pytest.raises(results.ResultsError, match="markers"):
+        results.replace_between_markers(_no_markers(tmp_path), table, ablation.START, ablation.END)
 
 
 def _no_markers(tmp_path):

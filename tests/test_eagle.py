@@ -228,6 +228,22 @@ def reference_eagle2_tree(source, root: int):
     return [tokens[n] for n in chosen], [-1] + [chosen.index(parents[n]) for n in chosen[1:]]
 
 
+def check_trees_against_reference(source) -> list[int]:
+    """Make every tree `source` proposes be checked against reference_eagle2_tree; -> each checked tree's depth."""
+    original, depths = source.propose, []
+
+    def checked(root, hidden, context):
+        source._drop_tree_entries()
+        expected = reference_eagle2_tree(source, root)
+        tokens, buffers = original(root, hidden, context)
+        assert (tokens.tolist(), buffers.parent.tolist()) == expected
+        depths.append(int(buffers.depths.max()))
+        return tokens, buffers
+
+    source.propose = checked
+    return depths
+
+
 @pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
 def test_dynamic_tree_equals_drafting_each_path_alone(variant):
     """The draft's tree pass (one forward per level, each node seeing the committed entries and its own ancestors at
@@ -237,17 +253,7 @@ def test_dynamic_tree_equals_drafting_each_path_alone(variant):
     # 2 x 4 keeps every node (1 + 2 + 3 x 4 = 15), so the deepest level is compared; 3 x 4 into 10 prunes.
     for top_k, total_tokens, min_prob in [(2, 15, 0.0), (3, 10, 0.001)]:
         source = EagleCandidates(draft, model, top_k=top_k, depth=4, total_tokens=total_tokens, min_prob=min_prob)
-        original, depths = source.propose, []
-
-        def checked(root, hidden, context):
-            source._drop_tree_entries()
-            expected = reference_eagle2_tree(source, root)
-            tokens, buffers = original(root, hidden, context)
-            assert (tokens.tolist(), buffers.parent.tolist()) == expected
-            depths.append(int(buffers.depths.max()))
-            return tokens, buffers
-
-        source.propose = checked
+        depths = check_trees_against_reference(source)
         torch.manual_seed(5)
         TreeDecoder(model, candidates=source).generate_ids(torch.randint(3, VOCAB, (1, 9)), 12)
         assert depths and min(depths) >= 2, depths
@@ -500,17 +506,7 @@ def test_a_two_layer_eagle3_draft_decodes_losslessly_and_is_refused_by_engine_fo
     assert len(draft.layers) == 2 and draft.layers[1].self_attn.layer_idx == 1
     assert draft.layers[1].self_attn.q_proj.in_features == 32  # the later layer reads H, not [emb, feature]
     source = EagleCandidates(draft, model, top_k=2, depth=4, total_tokens=15)
-    original, checked_trees = source.propose, []
-
-    def checked(root, hidden, context):
-        source._drop_tree_entries()
-        expected = reference_eagle2_tree(source, root)
-        tokens, buffers = original(root, hidden, context)
-        assert (tokens.tolist(), buffers.parent.tolist()) == expected
-        checked_trees.append(1)
-        return tokens, buffers
-
-    source.propose = checked
+    checked_trees = check_trees_against_reference(source)
     decoder = TreeDecoder(model, candidates=source)
     steps = tokens = 0
     for case in range(3):

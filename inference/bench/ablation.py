@@ -138,12 +138,3 @@ def render_ablation(records: list[dict]) -> str:
         lines += ["", "Benchmark commands (one arm's; the others differ only in `--drafts` and `--out`): `"
                   + commands[0] + "`"]
     return "\n".join(lines)
-
-
-def replace_ablation_section(page: Path, section: str) -> None:
-    text = page.read_text()
-    if START not in text or END not in text:
-        raise AblationError(f"{page}: ablation markers {START} ... {END} are missing")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    write_text(page, f"{head}{START}\n{section}\n{END}{tail}")

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from specheads.heads.files import write_text
 
-from .ablation import AblationError, load_records, render_ablation, replace_ablation_section, store_arm
+from . import ablation
+from .ablation import AblationError, load_records, render_ablation, store_arm
 from .report import machine, noise_line, write_results
 
 
@@ -310,14 +311,14 @@ def refigure(directory: Path) -> None:
     write_results(directory, results, records)
 
 
-def replace_between_markers(path: Path, section: str) -> None:
-    """The text between path's results markers becomes `section` (temp file + rename)."""
+def replace_between_markers(path: Path, section: str, start: str = START, end: str = END) -> None:
+    """The text between path's markers (the results ones by default) becomes `section` (temp file + rename)."""
     text = path.read_text()
-    if START not in text or END not in text:
-        raise ResultsError(f"{path}: results markers {START} ... {END} are missing")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    write_text(path, f"{head}{START}\n{section}\n{END}{tail}")
+    if start not in text or end not in text:
+        raise ResultsError(f"{path}: markers {start} ... {end} are missing")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    write_text(path, f"{head}{start}\n{section}\n{end}{tail}")
 
 
 def main(argv=None) -> None:
@@ -359,7 +360,8 @@ def regenerate(argv=None) -> None:
                            + [f"This section: `{command}`; {datetime.date.today()}, {machine()}."])
     replace_between_markers(args.page, section)
     if args.ablation_store.is_dir():
-        replace_ablation_section(args.page, render_ablation(load_records(args.ablation_store)))
+        replace_between_markers(args.page, render_ablation(load_records(args.ablation_store)), ablation.START,
+                                ablation.END)
     headline = [render_headline(args.bench)] if args.bench else []
     replace_between_markers(args.readme, "\n\n".join(
         headline + [f"Every table, the training runs and the command that regenerates them: [{args.page}]({args.page})."]))
