@@ -298,14 +298,20 @@ def test_eagle_greedy_equals_hf_generate_fp64(arch, variant):
     model = deep_tiny_model(arch)
     decoder = TreeDecoder(model, candidates=EagleCandidates(fitted_draft(model, variant), model,
                                                              top_k=4, depth=4, total_tokens=16))
+    steps, tokens = greedy_equals_hf(decoder, model, cases=5, new_tokens=40)
+    assert tokens > 1.5 * steps, "drafted tokens must get accepted for the test to mean anything"
+
+
+def greedy_equals_hf(decoder, model, cases: int, new_tokens: int) -> tuple[int, int]:
+    """Decode `cases` seeded prompts, each asserted equal to HF greedy; -> (decoding steps, tokens accepted)."""
     steps = tokens = 0
-    for case in range(5):
+    for case in range(cases):
         torch.manual_seed(300 + case)
         prompt = torch.randint(3, VOCAB, (1, 5 + 3 * case))
-        assert decoder.generate_ids(prompt, 40, eos_token_ids=[2]) == hf_greedy(model, prompt, 40), case
+        assert decoder.generate_ids(prompt, new_tokens, eos_token_ids=[2]) == hf_greedy(model, prompt, new_tokens), case
         steps += len(decoder.stats.accepted_lengths)
         tokens += sum(decoder.stats.accepted_lengths)
-    assert tokens > 1.5 * steps, "drafted tokens must get accepted for the test to mean anything"
+    return steps, tokens
 
 
 def test_eagle_sampling_matches_base_distribution():
@@ -507,14 +513,7 @@ def test_a_two_layer_eagle3_draft_decodes_losslessly_and_is_refused_by_engine_fo
     assert draft.layers[1].self_attn.q_proj.in_features == 32  # the later layer reads H, not [emb, feature]
     source = EagleCandidates(draft, model, top_k=2, depth=4, total_tokens=15)
     checked_trees = check_trees_against_reference(source)
-    decoder = TreeDecoder(model, candidates=source)
-    steps = tokens = 0
-    for case in range(3):
-        torch.manual_seed(300 + case)
-        prompt = torch.randint(3, VOCAB, (1, 5 + 3 * case))
-        assert decoder.generate_ids(prompt, 30, eos_token_ids=[2]) == hf_greedy(model, prompt, 30), case
-        steps += len(decoder.stats.accepted_lengths)
-        tokens += sum(decoder.stats.accepted_lengths)
+    steps, tokens = greedy_equals_hf(TreeDecoder(model, candidates=source), model, cases=3, new_tokens=30)
     assert checked_trees and tokens > 1.5 * steps, "drafted tokens must get accepted for the test to mean anything"
     draft.save_pretrained(tmp_path / "two")
     loaded = EagleDraft.from_pretrained(tmp_path / "two")

@@ -58,7 +58,7 @@ def bench_figures(directory: Path) -> dict:
             "noise": results.get("noise"), "methods": methods}
 
 
-def record_arm(run: Path, arm: str | None = None) -> dict:
+def record_arm(run: Path) -> dict:
     """The record of one finished arm: `run` holds train_config.json, eval.json, checkpoints/ and bench-t*/."""
     for name in ("train_config.json", "eval.json"):
         if not (run / name).is_file():
@@ -68,7 +68,7 @@ def record_arm(run: Path, arm: str | None = None) -> dict:
     if not benches:
         raise AblationError(f"{run}: no bench-t0/results.json (the arm's test-split benchmark)")
     keep = ("top1", "tau_t0", "tau_t1", "accept_positions", "throughput", "tokens")
-    return {"arm": arm or run.name, "config": json.loads((run / "train_config.json").read_text()),
+    return {"arm": run.name, "config": json.loads((run / "train_config.json").read_text()),
             "updates": updates_of(run), "eval": {k: evaluation[k] for k in keep if k in evaluation},
             "benches": benches}
 
@@ -113,20 +113,19 @@ def render_ablation(records: list[dict]) -> str:
     if not records:
         return "No arm has finished yet (`make ablation`)."
     base = next((r for r in records if r["arm"] == BASE_ARM), None)
-    rows = ["| arm | lever (against `base`) | updates | train s | held-out τ T=0 | held-out τ T=1 | "
+    lines = ["| arm | lever (against `base`) | updates | train s | held-out τ T=0 | held-out τ T=1 | "
             "test split T=0, eagle3 | test split T=1, eagle3 |",
             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for record in records:
         ev = record["eval"]
         seconds = ev.get("throughput", {}).get("seconds")
-        rows.append(f"| {record['arm']} | {levers(record, base)} | {record['updates']} | "
+        lines.append(f"| {record['arm']} | {levers(record, base)} | {record['updates']} | "
                     f"{f'{seconds:.0f}' if seconds is not None else '–'} | {ev.get('tau_t0', float('nan')):.3f} | "
                     f"{ev.get('tau_t1', float('nan')):.3f} | {_bench_cell(record, 'bench-t0', 'eagle3')} | "
                     f"{_bench_cell(record, 'bench-t1', 'eagle3')} |")
     commands = sorted({b["command"] for r in records for b in r["benches"].values() if b.get("command")})
     categories = sorted({c for r in records for c in r["benches"].get("bench-t0", {}).get("methods", {})
                          .get("eagle3", {}).get("per_category", {})})
-    lines = rows
     if categories:
         lines += ["", "Test-split τ of eagle3 at T=0 per category:", "",
                   "| arm | " + " | ".join(categories) + " |", "|---|" + "---:|" * len(categories)]
