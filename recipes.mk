@@ -1,6 +1,6 @@
 # Recipes and benchmark replays: every committed head, dataset and result is made by one target here
 # (included by the Makefile, which keeps set-up, the demo and the tests; `make help` lists both).
-.PHONY: ablation distill-smol-t1 distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results \
+.PHONY: ablation dflash-published distill-smol-t1 distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results \
 	prompts distill-mix distill-qwen-mix eagle3-mix bench-mix
 
 # The full Medusa-1 recipe (~55 minutes on 2 cores, 41 of them training; the committed heads/trained/smollm2-135m-medusa1
@@ -144,6 +144,15 @@ compare-dflash: setup
 	$(CMP_TRAIN) train/eagle.py --config configs/smollm2-135m-eagle3.yaml train.output_dir=runs/cmp-eagle3-tv \
 		$(CMP_BUDGET) eagle.loss=ce+tv --resume
 
+# DFlash as published (REFERENCE §4b; configs/smollm2-135m-dflash-published.yaml) beside the ablation's EAGLE-3 base
+# arm: the same 800 answers and 200 held-out conversations, one pinned core (CMP_CPU), held-out rollout τ every 50
+# updates into its evaluations.jsonl. ~14 s an update on one core (every answer position an anchor); interrupted or
+# finished early, a rerun continues from the last checkpoint. `make results` renders the τ-against-updates table.
+DFLASH_PUBLISHED := runs/smollm2-135m-dflash-published
+CURVE_RUNS := runs/ablation/base $(DFLASH_PUBLISHED)
+dflash-published: setup
+	$(CMP_TRAIN) train/dflash.py --config configs/smollm2-135m-dflash-published.yaml --resume
+
 # Every stored benchmark (data/benchmarks/) and every finished one in runs/ of the same name pattern, the test-split
 # runs first (the README's headline reads them first).
 BENCH_NAMES := $(sort $(notdir $(wildcard data/benchmarks/*)) $(patsubst runs/%/results.json,%,$(wildcard \
@@ -156,6 +165,7 @@ results: setup
 	$(BIN)/python scripts/results.py --run heads/trained/smollm2-135m-medusa1 --run heads/trained/smollm2-135m-eagle3 \
 		--run heads/trained/qwen2.5-coder-1.5b-medusa --store data/benchmarks \
 		$(foreach a,$(ABLATION_DONE),--ablation runs/ablation/$(a)) \
+		$(foreach r,$(CURVE_RUNS),$(if $(wildcard $(r)/evaluations.jsonl $(r)/eval.json),--curve $(r))) \
 		$(foreach b,$(BENCHES),$(if $(wildcard runs/$(b)/results.json),--bench runs/$(b),$(if \
 			$(wildcard data/benchmarks/$(b)/results.json),--bench data/benchmarks/$(b))))
 

@@ -43,13 +43,15 @@ NOISE_KEYS = ("transformers_version", "architectures", "output_hidden_states", "
               "problem_type", "output_attentions", "_name_or_path")
 
 
-def default_target_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low / middle / high features in DFlash's indexing: the outputs of layers 1, L//2 - 1 and L - 4
-    (= the hidden states entering layers 2, L//2, L-3), so a DFlash run reuses an EAGLE-3 run's feature cache.
-    Each layer once: vLLM collects an aux layer once, so a repeated id would leave fc short of inputs."""
-    from .eagle import default_aux_layers
-
-    return sorted({max(i - 1, 0) for i in default_aux_layers(num_layers)})
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The published DFlash rule (REFERENCE §4b; z-lab's build_target_layer_ids, which vLLM and SGLang mirror): one
+    target layer per draft layer, the middle one (L // 2) for a one-layer drafter, else spread evenly over layers
+    1 .. L - 3 (SmolLM2's 30 layers and 5 draft layers -> [1, 8, 14, 20, 27]). DFlash indexing: the output of
+    layer i. Each layer once: vLLM collects an aux layer once, so a repeated id would leave fc short of inputs."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return sorted({int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)})
 
 
 def qwen3_layer_config(base_config, num_layers: int) -> dict:
@@ -103,7 +105,7 @@ class DFlashConfig:
                  target_layer_ids: list[int] | None = None, mask_token_id: int | None = None,
                  causal: bool = False) -> "DFlashConfig":
         """A new drafter's config for this base; mask_token_id defaults to the last id of the vocabulary."""
-        ids = list(target_layer_ids) if target_layer_ids else default_target_layer_ids(base_config.num_hidden_layers)
+        ids = list(target_layer_ids) if target_layer_ids else default_target_layer_ids(base_config.num_hidden_layers, num_layers)
         config = cls(hidden_size=base_config.hidden_size, vocab_size=base_config.vocab_size, block_size=block_size,
                    mask_token_id=base_config.vocab_size - 1 if mask_token_id is None else mask_token_id,
                    target_layer_ids=ids, num_layers=num_layers, causal=causal,

@@ -207,6 +207,11 @@ def test_best_by_keeps_the_best_evaluations_heads_logs_acceptance_and_survives_a
     assert json.loads((run / "heads-best" / "config.json").read_text())["best"]["step"] == best_step
     state = json.loads((run / "checkpoints" / "step-000006" / "trainer_state.json").read_text())
     assert state["best"]["step"] == best_step
+    history = evaluations(run)
+    assert [r["step"] for r in history] == [2, 4, 6]
+    assert [r["tau_t0"] for r in history] == pytest.approx([taus[s] for s in (2, 4, 6)])
+    seconds = [r["train_seconds"] for r in history]
+    assert 0 < seconds[0] < seconds[1] < seconds[2] and state["train_seconds"] == pytest.approx(seconds[2], abs=0.1)
 
     # killed in the step-4 checkpoint, resumed from step 2: the same best, the same heads-best
     interrupted = tmp_path / "interrupted"
@@ -218,6 +223,15 @@ def test_best_by_keeps_the_best_evaluations_heads_logs_acceptance_and_survives_a
     assert again["best"]["step"] == best_step and again["best"]["value"] == pytest.approx(evaluation["best"]["value"])
     kept = load_file(str(interrupted / "heads-best" / "model.safetensors"))
     assert all(torch.allclose(kept[k], best[k], rtol=1e-5, atol=1e-6) for k in best)
+    # the evaluation at update 4 ran twice (before the kill and after the resume): recorded once; the resumed run's
+    # training time continues from its checkpoint's
+    history = evaluations(interrupted)
+    assert [r["step"] for r in history] == [2, 4, 6]
+    assert 0 < history[0]["train_seconds"] < history[1]["train_seconds"] < history[2]["train_seconds"]
+
+
+def evaluations(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "evaluations.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("loss", ["tv", "ce+tv"])

@@ -439,6 +439,43 @@ def test_ablation_records_render_one_row_per_arm_with_its_lever(tmp_path):
         results.replace_between_markers(_no_markers(tmp_path), table, ablation.START, ablation.END)
 
 
+
+def test_curve_records_render_each_evaluation_of_a_run_and_the_last_one_of_an_older_run(tmp_path):
+    """`make dflash-published`: a run's evaluations.jsonl (one line per held-out evaluation, train/trainer.py)
+    becomes a record (data/curves/<name>.json) whose rows render on a fresh clone; a run from before that file
+    gives its eval.json at its last checkpoint; a torn line is named with its file and line."""
+    from specheads.inference.bench import curves
+
+    dflash = tmp_path / "runs" / "dflash"
+    dflash.mkdir(parents=True)
+    (dflash / "train_config.json").write_text(json.dumps({"dflash": {"anchors": 256}}))
+    lines = [{"step": 50, "train_seconds": 700.4, "top1": [0.12, 0.05], "tau_t0": 1.04, "tau_t1": 1.03},
+             {"step": 100, "train_seconds": 1400.0, "top1": [0.2], "tau_t0": 1.1, "tau_t1": 1.06}]
+    (dflash / "evaluations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    eagle = tmp_path / "runs" / "ablation" / "base"
+    (eagle / "checkpoints" / "step-000197").mkdir(parents=True)
+    (eagle / "train_config.json").write_text(json.dumps({"eagle": {"ttt_steps": 4}}))
+    (eagle / "eval.json").write_text(json.dumps({"top1": [0.296], "tau_t0": 1.375, "tau_t1": 1.2755,
+                                                 "throughput": {"seconds": 1213.4}}))
+    store = tmp_path / "data" / "curves"
+    for run in (dflash, eagle):
+        curves.store_curve(run, store)
+    records = curves.load_curves(store)
+    assert [r["name"] for r in records] == ["ablation-base", "dflash"]
+    table = curves.render_curves(records)
+    assert "| ablation-base | 197 | 1213 | 0.296 | 1.375 | 1.276 |" in table
+    assert "| dflash | 50 | 700 | 0.120 | 1.040 | 1.030 |" in table
+    assert "| dflash | 100 | 1400 | 0.200 | 1.100 | 1.060 |" in table
+    with (dflash / "evaluations.jsonl").open("a") as f:
+        f.write('{"step": 150, "train_sec')
+    with pytest.raises(curves.AblationError, match=r"evaluations.jsonl, line 3: not valid JSON"):
+        curves.record_curve(dflash)
+    (tmp_path / "runs" / "fresh").mkdir()
+    (tmp_path / "runs" / "fresh" / "train_config.json").write_text("{}")
+    with pytest.raises(curves.AblationError, match="fresh: neither evaluations.jsonl nor eval.json"):
+        curves.record_curve(tmp_path / "runs" / "fresh")
+
+
 def _no_markers(tmp_path):
     page = tmp_path / "plain.md"
     page.write_text("no markers\n")

@@ -339,3 +339,14 @@ def test_one_batch_overfits_to_near_perfect_block_acceptance_and_no_block_sees_i
         moved, _, _ = block_logits(draft, model, {**batch, "input_ids": changed_ids}, changed_inputs, anchors)
     assert torch.equal(logits[row, col], moved[row, col])
     assert not torch.equal(logits[row, col + 1:], moved[row, col + 1:])  # later blocks do see that context
+
+
+def test_default_target_layers_follow_the_published_rule():
+    """REFERENCE §4b and the published Qwen3-8B-DFlash-b16 config (36 layers, 5 draft layers: [1, 9, 17, 25, 33])."""
+    from specheads.heads.dflash import default_target_layer_ids
+
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert default_target_layer_ids(30, 5) == [1, 8, 14, 20, 27]  # SmolLM2-135M
+    assert default_target_layer_ids(28, 5) == [1, 7, 13, 19, 25]  # Qwen2.5-1.5B
+    assert default_target_layer_ids(30, 3) == [1, 14, 27]
+    assert default_target_layer_ids(30, 1) == [15]

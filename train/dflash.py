@@ -35,7 +35,8 @@ from specheads.train.task import DraftTask
 class DFlashSection:
     block_size: int = 8  # the anchor + the tokens one forward drafts (vLLM: num_speculative_tokens = block_size - 1)
     num_layers: int = 1  # draft decoder layers
-    target_layer_ids: list[int] | None = None  # DFlash indexing (output of layer i); default EAGLE-3's three layers
+    target_layer_ids: list[int] | None = None  # DFlash indexing (output of layer i); default the published rule
+    # (heads/dflash.default_target_layer_ids: one per draft layer, spread over 1 .. L - 3)
     mask_token_id: int | None = None  # default: the last id of the base's vocabulary
     causal: bool = False  # attention inside the block: false = the whole block (DFlash)
     anchors: int = 16  # blocks trained per sequence per step (fewer where the sequence has fewer answer positions)

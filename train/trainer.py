@@ -8,7 +8,7 @@
                          a fresh optimizer and lr schedule, the checkpoint's state when resuming into this stage
           step()         one micro-batch: forward, backward, an update when the accumulation is complete
           log()          every train.log_every updates: losses, lr, throughput
-          evaluate()     every train.eval_every updates and at the end of the stage
+          evaluate()     every train.eval_every updates and at the end of the stage (each in evaluations.jsonl)
           save()         every train.save_every updates and at the end of the stage: an atomic checkpoint
           finish_stage() the stage's held-out evaluation (and, with a schedule, its heads in stages/NN-name/)
         finish()         the run's heads, eval.json, the summary
@@ -57,6 +57,7 @@ class Trainer:
         self.module = self.optimizer = self.data = None
         self.stage_start = 0  # updates of the stages before this one (checkpoints are numbered by run-wide update)
         self.run_seconds, self.run_samples, self.run_tokens = 0.0, 0, 0
+        self.train_seconds = 0.0  # time in training steps over the whole run, resumes included (evaluations.jsonl)
         self.best = None  # train.best_by: {"by", "value", "step"} of the evaluation whose heads are in heads-best/
 
     def run(self) -> dict:
@@ -120,6 +121,7 @@ class Trainer:
         self.first_stage = self.saved_state.get("stage", 0)
         self.stage_start = self.saved_state.get("stage_start_step", 0)
         self.best = self.saved_state.get("best")
+        self.train_seconds = self.saved_state.get("train_seconds", 0.0)
 
     def setup(self) -> None:
         """What every stage shares: the seeded generators, the tokenizer, the frozen base and its fingerprint."""
@@ -243,7 +245,10 @@ class Trainer:
         start = time.time()
         while self.updates < self.total_steps:
             micro_index, indices = next(batches)
-            if not self.step(micro_index, indices):
+            step_start = time.time()
+            stepped = self.step(micro_index, indices)
+            self.train_seconds += time.time() - step_start
+            if not stepped:
                 continue
             if self.updates % t.log_every == 0 or self.updates == self.total_steps:
                 self.log()
@@ -316,8 +321,20 @@ class Trainer:
         result = self.task.evaluate(self.module, self.base, self.heldout_examples, self.tokenizer.pad_token_id,
                                     self.stage.cfg.train.batch_size, self.accelerator)
         self.accelerator.log(self.task.eval_logs(result), step=self.global_step)
+        if self.main:
+            self.record_evaluation(result)
         self.keep_best(result)
         return result
+
+    def record_evaluation(self, result: dict) -> None:
+        """evaluations.jsonl in the run folder: one line per held-out evaluation (its update, the training seconds
+        spent so far over the whole run, its numbers), so τ against updates and time reads back from one file. An
+        evaluation repeated after a resume replaces the one of the same update."""
+        path = self.out / "evaluations.jsonl"
+        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
+                if line.strip() and json.loads(line).get("step") != self.global_step]
+        record = {"step": self.global_step, "train_seconds": round(self.train_seconds, 1), **result}
+        write_text(path, "\n".join([*kept, json.dumps(record)]) + "\n")
 
     def keep_best(self, result: dict) -> None:
         """train.best_by: when this evaluation beats the best so far, its heads replace heads-best/ (written
@@ -352,7 +369,7 @@ class Trainer:
         if self.main:
             trainer_state = {"step": self.updates, "micro_batches_done": micro_done,
                              "processes": accelerator.num_processes, "scheduler": self.scheduler.state_dict(),
-                             "config": config_to_dict(self.cfg)}
+                             "config": config_to_dict(self.cfg), "train_seconds": self.train_seconds}
             if self.best is not None:
                 trainer_state["best"] = self.best
             if self.scheduled:

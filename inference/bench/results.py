@@ -22,8 +22,9 @@ from pathlib import Path
 
 from specheads.heads.files import write_text
 
-from . import ablation
+from . import ablation, curves
 from .ablation import AblationError, load_records, render_ablation, store_arm
+from .curves import load_curves, render_curves, store_curve
 from .report import machine, noise_line, write_results
 
 
@@ -341,9 +342,15 @@ def regenerate(argv=None) -> None:
                         help="a finished ablation arm's run folder (repeatable): its record is stored in --ablation-store")
     parser.add_argument("--ablation-store", default=Path("data/ablation"), type=Path,
                         help="the ablation arms' records; their table is rendered into --page whenever it has any")
+    parser.add_argument("--curve", action="append", default=[], type=Path,
+                        help="a training run folder whose evaluations (evaluations.jsonl) are stored in --curve-store")
+    parser.add_argument("--curve-store", default=Path("data/curves"), type=Path,
+                        help="the runs' evaluation records; their τ-against-updates table is rendered into --page")
     args = parser.parse_args(argv)
     for arm in args.ablation:
         store_arm(arm, args.ablation_store)
+    for run in args.curve:
+        store_curve(run, args.curve_store)
     runs = args.run or [Path("runs/smollm2-135m-medusa1")]
     for directory in args.bench:
         if not (directory / "results.json").is_file():
@@ -362,6 +369,8 @@ def regenerate(argv=None) -> None:
     if args.ablation_store.is_dir():
         replace_between_markers(args.page, render_ablation(load_records(args.ablation_store)), ablation.START,
                                 ablation.END)
+    if args.curve_store.is_dir():
+        replace_between_markers(args.page, render_curves(load_curves(args.curve_store)), curves.START, curves.END)
     headline = [render_headline(args.bench)] if args.bench else []
     replace_between_markers(args.readme, "\n\n".join(
         headline + [f"Every table, the training runs and the command that regenerates them: [{args.page}]({args.page})."]))
