@@ -350,3 +350,23 @@ def test_default_target_layers_follow_the_published_rule():
     assert default_target_layer_ids(28, 5) == [1, 7, 13, 19, 25]  # Qwen2.5-1.5B
     assert default_target_layer_ids(30, 3) == [1, 14, 27]
     assert default_target_layer_ids(30, 1) == [15]
+
+
+def test_a_mask_token_the_answers_contain_is_warned_about():
+    from specheads.data.tokenization import TokenizedConversation
+    from specheads.train.dflash import warn_if_mask_is_in_the_answers
+
+    class Names:
+        def convert_ids_to_tokens(self, i):
+            return f"tok{i}"
+
+    examples = [TokenizedConversation(input_ids=[5, 7, 9, 7], labels=[-100, 7, 9, 7]),
+                TokenizedConversation(input_ids=[3, 7], labels=[-100, 7])]
+    with pytest.warns(UserWarning, match=r"default dflash.mask_token_id \(the last id\) 7 \('tok7'\) occurs 3 times"):
+        warn_if_mask_is_in_the_answers(7, Names(), examples, None)
+    with pytest.warns(UserWarning, match=r"^dflash.mask_token_id 9 \('tok9'\) occurs 1 time in"):
+        warn_if_mask_is_in_the_answers(9, Names(), examples, 9)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_mask_is_in_the_answers(11, Names(), examples, 11)  # never used: silent

@@ -14,6 +14,7 @@ the default target layers are EAGLE-3's, so a DFlash run on the same data reads 
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
@@ -159,6 +160,17 @@ def block_acceptance(draft: DFlashDraft, base, batch, inputs, last, anchors) -> 
                                 None, last.device)
 
 
+def warn_if_mask_is_in_the_answers(mask_token_id: int, tokenizer, examples, configured: int | None) -> None:
+    """A mask token the training text itself contains makes a masked slot look like that token (published drafters
+    use a padded row or an unused special token, REFERENCE §4b): warn, naming the id, its count and the setting."""
+    count = sum(example.input_ids.count(mask_token_id) for example in examples)
+    if count:
+        where = "dflash.mask_token_id" if configured is not None else "the default dflash.mask_token_id (the last id)"
+        warnings.warn(f"{where} {mask_token_id} ({tokenizer.convert_ids_to_tokens(mask_token_id)!r}) occurs "
+                      f"{count} time{'s' if count != 1 else ''} in the training examples: set dflash.mask_token_id to an id they never use, "
+                      "e.g. an unused special token or a padded row of the embedding", stacklevel=2)
+
+
 class DFlashTask(DraftTask):
     name = "dflash"
 
@@ -183,6 +195,7 @@ class DFlashTask(DraftTask):
 
     def build(self, base, tokenizer, examples):
         config = self._config(base)
+        warn_if_mask_is_in_the_answers(config.mask_token_id, tokenizer, examples, self.cfg.dflash.mask_token_id)
         source = self.cfg.dflash.init_draft
         if not source:
             return DFlashDraft(config)
