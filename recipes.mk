@@ -56,21 +56,28 @@ bench-qwen: setup-qwen
 		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
 		--out runs/bench-qwen-seed-t$$t || exit 1; done
 
-# An EAGLE-3 draft for the 1.5B target, trained on its own answers (committed: $(QWEN_DISTILLED); `make
-# distill-qwen` regenerates them, ~30 minutes), its tree shape tuned here, then benchmarked at T=0 and T=1
-# against HF greedy, HF prompt lookup and ours. Slow: ~2.5 hours on 2 cores; epoch 1 runs the 1.5B forward
-# over the training data (~31 min) and caches its states on disk, each later epoch reads them (~12 min);
-# interrupted, a rerun continues from the last checkpoint.
+# An EAGLE-3 draft for the 1.5B target (configs/qwen2.5-coder-1.5b-eagle3.yaml: its own answers to 1,200 ShareGPT
+# training prompts and 600 offline code/extraction/math prompts, all committed), its tree shape tuned on the dev
+# split, then benchmarked on the test split (never tuned on) alone and with prompt lookup, against HF and the
+# committed Medusa heads in the same run: T=0 on the 15 coding prompts and on the first 48 (6 per category), T=1 on
+# the first 24. Slow: epoch 1 runs the 1.5B over the 1,740 training conversations and caches its states (~10 s an
+# update of 4 on one core: ~75 min), later epochs read them; 8 epochs. Interrupted, a rerun continues from the last
+# checkpoint (the cache is written per conversation, so an interrupted first epoch keeps what it computed).
+# QWEN_RUN pins it, e.g. QWEN_RUN="OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python".
 QWEN_DISTILLED ?= data/distilled/qwen2.5-coder-1.5b-sharegpt-train.jsonl
 QWEN_EAGLE := runs/qwen2.5-coder-1.5b-eagle3
+QWEN_RUN ?= $(BIN)/python
+QWEN_EAGLE_BENCH := $(BENCH) --model $(QWEN) --drafts $(QWEN_EAGLE)/heads --heads heads/trained/qwen2.5-coder-1.5b-medusa \
+	--methods baseline,hf_prompt_lookup,pld,medusa_pld,eagle3,eagle3_pld --questions data/questions/sharegpt-test.jsonl \
+	--max-new-tokens 96
 qwen-eagle: setup-qwen
-	$(BIN)/python train/eagle.py --config configs/qwen2.5-coder-1.5b-eagle3.yaml --resume
-	$(BIN)/python scripts/tune_eagle_tree.py --model $(QWEN) --heads $(QWEN_EAGLE)/heads --prompts 4 \
-		--max-new-tokens 64 --shapes "3,3,6;4,4,10;6,5,18;8,6,26"
-	for t in 0 1; do $(BIN)/python scripts/bench.py --model $(QWEN) --drafts $(QWEN_EAGLE)/heads \
-		--methods baseline,hf_unpacked,hf_prompt_lookup,pld,eagle3,eagle3_pld --temperature $$t \
-		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
-		--out runs/bench-qwen-eagle3-t$$t || exit 1; done
+	$(QWEN_RUN) train/eagle.py --config configs/qwen2.5-coder-1.5b-eagle3.yaml --resume
+	grep -q eagle_tree $(QWEN_EAGLE)/heads/config.json || $(QWEN_RUN) scripts/tune_eagle_tree.py --model $(QWEN) \
+		--heads $(QWEN_EAGLE)/heads --prompts 4 --max-new-tokens 64 --shapes "3,3,6;4,4,10;6,5,18;8,6,26"
+	$(QWEN_EAGLE_BENCH) --categories coding --temperature 0 --out runs/bench-qwen-eagle3-test-coding-t0
+	$(QWEN_EAGLE_BENCH) --max-questions 48 --temperature 0 --out runs/bench-qwen-eagle3-test-t0
+	$(QWEN_EAGLE_BENCH) --max-questions 24 --temperature 1 --out runs/bench-qwen-eagle3-test-t1
+	$(MAKE) results
 
 # Medusa heads for the 1.5B target on its 1,200 answers (3 heads, 16k-token draft vocabulary): epoch 1 runs
 # the 1.5B and caches its states (~52 min on 2 cores), epochs 2-4 read them (~10 min); their tree is chosen
