@@ -73,23 +73,33 @@ def record_arm(run: Path) -> dict:
             "benches": benches}
 
 
-def store_arm(run: Path, store: Path) -> Path:
-    record = record_arm(run)
-    path = store / f"{record['arm']}.json"
+def write_record(store: Path, name: str, record: dict) -> Path:
+    """store/<name>.json (temp file + rename): a record a fresh clone renders from (an arm's, a curve's)."""
+    path = store / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(record, indent=1) + "\n")
     return path
 
 
-def load_records(store: Path) -> list[dict]:
+def read_records(store: Path) -> list[dict]:
+    """Every record in `store`, by file name; a file that is not JSON is named."""
     records = []
     for path in sorted(store.glob("*.json")):
         try:
             records.append(json.loads(path.read_text()))
         except json.JSONDecodeError as err:
             raise AblationError(f"{path}: not valid JSON: {err}") from err
+    return records
+
+
+def store_arm(run: Path, store: Path) -> Path:
+    record = record_arm(run)
+    return write_record(store, record["arm"], record)
+
+
+def load_records(store: Path) -> list[dict]:
     # the base arm first, the others in the order they were stored (by name)
-    return sorted(records, key=lambda r: r["arm"] != BASE_ARM)
+    return sorted(read_records(store), key=lambda r: r["arm"] != BASE_ARM)
 
 
 def levers(record: dict, base: dict | None) -> str:

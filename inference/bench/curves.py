@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specheads.heads.files import write_text
-
-from .ablation import AblationError, updates_of
+from .ablation import AblationError, read_records, updates_of, write_record
 
 START, END = "<!-- curves:start -->", "<!-- curves:end -->"
 
@@ -60,20 +58,11 @@ def record_curve(run: Path) -> dict:
 
 def store_curve(run: Path, store: Path) -> Path:
     record = record_curve(run)
-    path = store / f"{record['name']}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, json.dumps(record, indent=1) + "\n")
-    return path
+    return write_record(store, record["name"], record)
 
 
 def load_curves(store: Path) -> list[dict]:
-    records = []
-    for path in sorted(store.glob("*.json")):
-        try:
-            records.append(json.loads(path.read_text()))
-        except json.JSONDecodeError as err:
-            raise AblationError(f"{path}: not valid JSON: {err}") from err
-    return records
+    return read_records(store)
 
 
 def _number(value, digits: int) -> str:
