@@ -406,6 +406,8 @@ def test_ablation_records_render_one_row_per_arm_with_its_lever(tmp_path):
         (run / "checkpoints" / f"step-{steps:06d}").mkdir(parents=True)
         (run / "checkpoints" / "step-000025").mkdir()
         config = {"eagle": {"ttt_steps": ttt}, "train": {"output_dir": str(run), "epochs": 2}}
+        if name != "base":  # a setting added after the base arm was recorded
+            config["eagle"]["num_layers"] = 1
         (run / "train_config.json").write_text(json.dumps(config))
         (run / "eval.json").write_text(json.dumps({"tau_t0": tau_t0, "tau_t1": tau_t0 - 0.3, "top1": [0.4],
                                                    "throughput": {"seconds": 100.0 * ttt}}))

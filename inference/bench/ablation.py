@@ -103,11 +103,12 @@ def load_records(store: Path) -> list[dict]:
 
 
 def levers(record: dict, base: dict | None) -> str:
-    """What this arm changes against the base arm, as `key=value` of the training config."""
+    """What this arm changes against the base arm, as `key=value` of the training config. A key only one of the two
+    configs has is a setting added after the other was recorded (at its default then), not a lever."""
     if base is None or record is base:
         return "—"
     mine, theirs = _flat(record["config"]), _flat(base["config"])
-    changed = [k for k in sorted(set(mine) | set(theirs)) if k not in NOT_LEVERS and mine.get(k) != theirs.get(k)]
+    changed = [k for k in sorted(set(mine) & set(theirs)) if k not in NOT_LEVERS and mine[k] != theirs[k]]
     return "; ".join(f"`{k}={json.dumps(mine.get(k), separators=(',', ':'))}`" for k in changed) or "(none)"
 
 
