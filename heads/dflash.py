@@ -49,9 +49,12 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     1 .. L - 3 (SmolLM2's 30 layers and 5 draft layers -> [1, 8, 14, 20, 27]). DFlash indexing: the output of
     layer i. Each layer once: vLLM collects an aux layer once, so a repeated id would leave fc short of inputs."""
     if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return sorted({int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)})
+        ids = [num_target_layers // 2]
+    else:
+        span = num_target_layers - 4
+        ids = [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    # a base of a few layers (a test model): within the outputs before the last layer, which the drafter may read
+    return sorted({min(max(i, 0), max(num_target_layers - 2, 0)) for i in ids})
 
 
 def qwen3_layer_config(base_config, num_layers: int) -> dict:

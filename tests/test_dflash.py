@@ -350,6 +350,7 @@ def test_default_target_layers_follow_the_published_rule():
     assert default_target_layer_ids(28, 5) == [1, 7, 13, 19, 25]  # Qwen2.5-1.5B
     assert default_target_layer_ids(30, 3) == [1, 14, 27]
     assert default_target_layer_ids(30, 1) == [15]
+    assert default_target_layer_ids(2, 1) == [0] and default_target_layer_ids(3, 3) == [0, 1]  # tiny bases
 
 
 def test_a_mask_token_the_answers_contain_is_warned_about():

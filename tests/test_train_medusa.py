@@ -176,7 +176,7 @@ def test_draft_vocab_script_restricts_trained_heads(run_config, tmp_path):
     assert result["changed"] and 0 < result["heldout_coverage"] <= 1
     after = MedusaHeads.from_pretrained(heads_dir)
     assert after.config.draft_vocab_size == 24 and sorted(p.name for p in heads_dir.parent.iterdir()) == sorted(
-        ["heads", "checkpoints", "logs", "eval.json", "train_config.json", ".lock"])  # no staging or old folder left
+        ["heads", "checkpoints", "logs", "eval.json", "evaluations.jsonl", "train_config.json", ".lock"])  # no staging or old folder left
     for name, tensor in before.state_dict().items():
         torch.testing.assert_close(after.state_dict()[name], tensor)
     assert script.main(["--heads", str(heads_dir), "--size", "24"])["changed"] is False
