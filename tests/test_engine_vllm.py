@@ -321,8 +321,8 @@ def test_smollm2_dflash_export_is_served(tmp_path):
 
     base = load_base_model("smollm2-135m-instruct", dtype="fp32")
     torch.manual_seed(0)
-    draft = DFlashDraft(DFlashConfig.for_base(base.config, "smollm2-135m-instruct", block_size=8))
-    assert draft.config.target_layer_ids == [1, 14, 26]
+    draft = DFlashDraft(DFlashConfig.for_base(base.config, "smollm2-135m-instruct", block_size=8,
+                                              target_layer_ids=[1, 14, 26]))  # configs/smollm2-135m-dflash.yaml's
     draft.save_pretrained(tmp_path / "heads")
     del base
     prompts = chat_prompts("smollm2-135m-instruct", first_turns(QUESTIONS, 2))
