@@ -446,7 +446,7 @@ def test_curve_records_render_each_evaluation_of_a_run_and_the_last_one_of_an_ol
     """`make dflash-published`: a run's evaluations.jsonl (one line per held-out evaluation, train/trainer.py)
     becomes a record (data/curves/<name>.json) whose rows render on a fresh clone; a run from before that file
     gives its eval.json at its last checkpoint; a torn line is named with its file and line."""
-    from specheads.inference.bench import curves
+    from specheads.inference.bench import ablation, curves
 
     dflash = tmp_path / "runs" / "dflash"
     dflash.mkdir(parents=True)
@@ -462,7 +462,7 @@ def test_curve_records_render_each_evaluation_of_a_run_and_the_last_one_of_an_ol
     store = tmp_path / "data" / "curves"
     for run in (dflash, eagle):
         curves.store_curve(run, store)
-    records = curves.load_curves(store)
+    records = ablation.read_records(store)
     assert [r["name"] for r in records] == ["ablation-base", "dflash"]
     table = curves.render_curves(records)
     assert "| ablation-base | 197 | 1213 | 0.296 | 1.375 | 1.276 |" in table

@@ -8,7 +8,8 @@ to the base's fused features at positions < a (the context vLLM's drafter would 
 predecessor) and to its own block, all blocks of a sequence in one forward (one mask). Block position j is trained
 with cross-entropy against the answer token x_{a+j}, weighted train.head_loss_decay^(j-1), only where x_{a+j} is
 an answer token. The base's hidden states come from the same cache as the EAGLE trainers' (train/features.py):
-the default target layers are EAGLE-3's, so a DFlash run on the same data reads an EAGLE-3 run's cache.
+a DFlash run whose target layers are an EAGLE-3 run's (configs/smollm2-135m-dflash.yaml sets them; the default is
+the published rule, heads/dflash.default_target_layer_ids) reads that run's cache on the same data.
 """
 
 from __future__ import annotations
@@ -167,8 +168,8 @@ def warn_if_mask_is_in_the_answers(mask_token_id: int, tokenizer, examples, conf
     if count:
         where = "dflash.mask_token_id" if configured is not None else "the default dflash.mask_token_id (the last id)"
         warnings.warn(f"{where} {mask_token_id} ({tokenizer.convert_ids_to_tokens(mask_token_id)!r}) occurs "
-                      f"{count} time{'s' if count != 1 else ''} in the training examples: set dflash.mask_token_id to an id they never use, "
-                      "e.g. an unused special token or a padded row of the embedding", stacklevel=2)
+                      f"{count} time{'s' if count != 1 else ''} in the training examples: set dflash.mask_token_id to "
+                      "an id they never use, e.g. an unused special token or a padded row of the embedding", stacklevel=2)
 
 
 class DFlashTask(DraftTask):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .ablation import AblationError, read_records, updates_of, write_record
+from .ablation import AblationError, updates_of, write_record
 
 START, END = "<!-- curves:start -->", "<!-- curves:end -->"
 
@@ -36,8 +36,8 @@ def record_curve(run: Path) -> dict:
     if not (run / "train_config.json").is_file():
         raise AblationError(f"{run}: no train_config.json (not a training run folder)")
     history = run / "evaluations.jsonl"
-    if history.is_file():
-        points = {}
+    if history.is_file():  # one line per update: the trainer replaces an evaluation repeated after a resume
+        points = []
         for number, line in enumerate(history.read_text().splitlines(), 1):
             if not line.strip():
                 continue
@@ -45,8 +45,8 @@ def record_curve(run: Path) -> dict:
                 evaluation = json.loads(line)
             except json.JSONDecodeError as err:
                 raise AblationError(f"{history}, line {number}: not valid JSON: {err}") from err
-            points[evaluation["step"]] = _point(evaluation["step"], evaluation.get("train_seconds"), evaluation)
-        points = [points[s] for s in sorted(points)]
+            points.append(_point(evaluation["step"], evaluation.get("train_seconds"), evaluation))
+        points.sort(key=lambda point: point["step"])
     elif (run / "eval.json").is_file():
         evaluation = json.loads((run / "eval.json").read_text())
         points = [_point(updates_of(run), evaluation.get("throughput", {}).get("seconds"), evaluation)]
@@ -59,10 +59,6 @@ def record_curve(run: Path) -> dict:
 def store_curve(run: Path, store: Path) -> Path:
     record = record_curve(run)
     return write_record(store, record["name"], record)
-
-
-def load_curves(store: Path) -> list[dict]:
-    return read_records(store)
 
 
 def _number(value, digits: int) -> str:

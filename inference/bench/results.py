@@ -23,8 +23,8 @@ from pathlib import Path
 from specheads.heads.files import write_text
 
 from . import ablation, curves
-from .ablation import AblationError, load_records, render_ablation, store_arm
-from .curves import load_curves, render_curves, store_curve
+from .ablation import AblationError, load_records, read_records, render_ablation, store_arm
+from .curves import render_curves, store_curve
 from .report import machine, noise_line, write_results
 
 
@@ -370,7 +370,7 @@ def regenerate(argv=None) -> None:
         replace_between_markers(args.page, render_ablation(load_records(args.ablation_store)), ablation.START,
                                 ablation.END)
     if args.curve_store.is_dir():
-        replace_between_markers(args.page, render_curves(load_curves(args.curve_store)), curves.START, curves.END)
+        replace_between_markers(args.page, render_curves(read_records(args.curve_store)), curves.START, curves.END)
     headline = [render_headline(args.bench)] if args.bench else []
     replace_between_markers(args.readme, "\n\n".join(
         headline + [f"Every table, the training runs and the command that regenerates them: [{args.page}]({args.page})."]))
