@@ -59,8 +59,9 @@ bench-qwen: setup-qwen
 # An EAGLE-3 draft for the 1.5B target (configs/qwen2.5-coder-1.5b-eagle3.yaml: its own answers to 1,200 ShareGPT
 # training prompts and 600 offline code/extraction/math prompts, all committed), its tree shape tuned on the dev
 # split, then benchmarked on the test split (never tuned on) alone and with prompt lookup, against HF and the
-# committed Medusa heads in the same run: T=0 on the 15 coding prompts and on the first 48 (6 per category), T=1 on
-# the first 24. Slow: epoch 1 runs the 1.5B over the 1,740 training conversations and caches its states (~10 s an
+# committed Medusa heads in the same run: T=0 on the 15 coding prompts (every method), on the first 48 (6 per
+# category: HF, HF prompt lookup, eagle3, eagle3_pld), T=1 on the first 24 (HF, eagle3, eagle3_sampled). The benches
+# take ~2.5 hours on one core (HF greedy 3.3 tokens/s). Slow: epoch 1 runs the 1.5B over the 1,740 training conversations and caches its states (~10 s an
 # update of 4 on one core: ~75 min), later epochs read them (~5 s an update: ~37 min); 8 epochs, ~5.5 hours on one
 # core in all. Interrupted, a rerun continues from the last checkpoint (the cache is written per conversation, so
 # an interrupted first epoch keeps what it computed).
@@ -69,15 +70,18 @@ QWEN_DISTILLED ?= data/distilled/qwen2.5-coder-1.5b-sharegpt-train.jsonl
 QWEN_EAGLE := runs/qwen2.5-coder-1.5b-eagle3
 QWEN_RUN ?= $(BIN)/python
 QWEN_EAGLE_BENCH := $(BENCH) --model $(QWEN) --drafts $(QWEN_EAGLE)/heads --heads heads/trained/qwen2.5-coder-1.5b-medusa \
-	--methods baseline,hf_prompt_lookup,pld,medusa_pld,eagle3,eagle3_pld --questions data/questions/sharegpt-test.jsonl \
-	--max-new-tokens 96
+	--questions data/questions/sharegpt-test.jsonl --max-new-tokens 96
 qwen-eagle: setup-qwen
 	$(QWEN_RUN) train/eagle.py --config configs/qwen2.5-coder-1.5b-eagle3.yaml --resume
 	grep -q eagle_tree $(QWEN_EAGLE)/heads/config.json || $(QWEN_RUN) scripts/tune_eagle_tree.py --model $(QWEN) \
 		--heads $(QWEN_EAGLE)/heads --prompts 4 --max-new-tokens 64 --shapes "3,3,6;4,4,10;6,5,18;8,6,26"
-	$(QWEN_EAGLE_BENCH) --categories coding --temperature 0 --out runs/bench-qwen-eagle3-test-coding-t0
-	$(QWEN_EAGLE_BENCH) --max-questions 48 --temperature 0 --out runs/bench-qwen-eagle3-test-t0
-	$(QWEN_EAGLE_BENCH) --max-questions 24 --temperature 1 --out runs/bench-qwen-eagle3-test-t1
+	test -f runs/bench-qwen-eagle3-test-coding-t0/results.json || $(QWEN_EAGLE_BENCH) --categories coding \
+		--methods baseline,hf_prompt_lookup,pld,medusa_pld,eagle3,eagle3_pld --temperature 0 \
+		--out runs/bench-qwen-eagle3-test-coding-t0
+	test -f runs/bench-qwen-eagle3-test-t0/results.json || $(QWEN_EAGLE_BENCH) --max-questions 48 \
+		--methods baseline,hf_prompt_lookup,eagle3,eagle3_pld --temperature 0 --out runs/bench-qwen-eagle3-test-t0
+	test -f runs/bench-qwen-eagle3-test-t1/results.json || $(QWEN_EAGLE_BENCH) --max-questions 24 \
+		--methods baseline,eagle3,eagle3_sampled --temperature 1 --out runs/bench-qwen-eagle3-test-t1
 	$(MAKE) results
 
 # Medusa heads for the 1.5B target on its 1,200 answers (3 heads, 16k-token draft vocabulary): epoch 1 runs
