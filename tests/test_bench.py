@@ -401,13 +401,13 @@ def test_ablation_records_render_one_row_per_arm_with_its_lever(tmp_path):
     its row on a fresh clone; the lever column is what the arm's config changes against the base arm's."""
     from specheads.inference.bench import ablation, results
 
-    def arm(name, ttt, tau_t0, steps):
+    def arm(name, ttt, tau_t0, steps, layers=1):
         run = tmp_path / "runs" / name
         (run / "checkpoints" / f"step-{steps:06d}").mkdir(parents=True)
         (run / "checkpoints" / "step-000025").mkdir()
         config = {"eagle": {"ttt_steps": ttt}, "train": {"output_dir": str(run), "epochs": 2}}
-        if name != "base":  # a setting added after the base arm was recorded
-            config["eagle"]["num_layers"] = 1
+        if name != "base":  # a setting added after the base arm was recorded (ablation.ADDED_SETTINGS)
+            config["eagle"]["num_layers"] = layers
         (run / "train_config.json").write_text(json.dumps(config))
         (run / "eval.json").write_text(json.dumps({"tau_t0": tau_t0, "tau_t1": tau_t0 - 0.3, "top1": [0.4],
                                                    "throughput": {"seconds": 100.0 * ttt}}))
@@ -421,13 +421,14 @@ def test_ablation_records_render_one_row_per_arm_with_its_lever(tmp_path):
         return run
 
     store = tmp_path / "data" / "ablation"
-    for run in (arm("ttt7", 7, 1.61, 200), arm("base", 4, 1.52, 200)):
+    for run in (arm("ttt7", 7, 1.61, 200), arm("base", 4, 1.52, 200), arm("layers2", 4, 1.55, 200, layers=2)):
         ablation.store_arm(run, store)
     records = ablation.load_records(store)
-    assert [r["arm"] for r in records] == ["base", "ttt7"] and records[1]["updates"] == 200
+    assert [r["arm"] for r in records] == ["base", "layers2", "ttt7"] and records[2]["updates"] == 200
     table = ablation.render_ablation(records)
     assert "| base | — | 200 | 400 | 1.520 | 1.220 | 1.02x (τ 1.32) | 0.78x (τ 1.02) |" in table
     assert "| ttt7 | `eagle.ttt_steps=7` | 200 | 700 | 1.610 | 1.310 |" in table  # output_dir is no lever
+    assert "| layers2 | `eagle.num_layers=2` | 200 | 400 |" in table  # the base predates the setting: 1 then
     assert "| ttt7 | 1.51 |" in table  # per category
     page = tmp_path / "results.md"
     page.write_text(f"head\n{ablation.START}\nold\n{ablation.END}\ntail\n")
