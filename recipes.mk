@@ -60,10 +60,10 @@ bench-qwen: setup-qwen
 # training prompts and 600 offline code/extraction/math prompts, all committed), its tree shape tuned on the dev
 # split, then benchmarked on the test split (never tuned on) alone and with prompt lookup, against HF and the
 # committed Medusa heads in the same run: T=0 on the 15 coding prompts (every method), on the first 48 (6 per
-# category: HF, HF prompt lookup, eagle3, eagle3_pld), T=1 on the first 24 (HF, eagle3, eagle3_sampled). The benches
-# take ~2.5 hours on one core (HF greedy 3.3 tokens/s). Slow: epoch 1 runs the 1.5B over the 1,740 training conversations and caches its states (~10 s an
-# update of 4 on one core: ~75 min), later epochs read them (~5 s an update: ~37 min); 8 epochs, ~5.5 hours on one
-# core in all. Interrupted, a rerun continues from the last checkpoint (the cache is written per conversation, so
+# category: HF, HF prompt lookup, eagle3, eagle3_pld), T=1 on the first 24 (HF, eagle3, eagle3_sampled); each bench
+# is skipped once its results exist (~2.5 hours of benches on one core, HF greedy 3.3 tokens/s). Slow: epoch 1 runs
+# the 1.5B over the 1,740 training conversations and caches its states (~10 s an update of 4 on one core: ~75 min),
+# later epochs read them (~5.5 s an update: ~40 min); 8 epochs, ~6 hours on one core in all. Interrupted, a rerun continues from the last checkpoint (the cache is written per conversation, so
 # an interrupted first epoch keeps what it computed).
 # QWEN_RUN pins it, e.g. QWEN_RUN="OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python".
 QWEN_DISTILLED ?= data/distilled/qwen2.5-coder-1.5b-sharegpt-train.jsonl

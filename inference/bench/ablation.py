@@ -19,8 +19,8 @@ START, END = "<!-- ablation:start -->", "<!-- ablation:end -->"
 BASE_ARM = "base"
 # Keys that name where a run lives, not what it trains.
 NOT_LEVERS = {"train.output_dir"}
-# Settings added to the trainer after an arm was recorded, with the value every run had before them: a key only
-# one of two records has is compared against this (the base arm predates `eagle.num_layers`).
+# Settings added to the trainer after an arm was recorded, with the value every run had before them (the base arm
+# predates `eagle.num_layers`).
 ADDED_SETTINGS = {"eagle.num_layers": 1}
 
 
@@ -106,16 +106,13 @@ def load_records(store: Path) -> list[dict]:
 
 
 def levers(record: dict, base: dict | None) -> str:
-    """What this arm changes against the base arm, as `key=value` of the training config. A key only one of the two
-    configs has is a setting added after the other was recorded: it is a lever when it differs from the value in
-    ADDED_SETTINGS (what every run had before it), else not."""
+    """What this arm changes against the base arm, as `key=value` of the training config. A setting added after a
+    record was made counts at its earlier value (ADDED_SETTINGS)."""
     if base is None or record is base:
         return "—"
-    mine, theirs = _flat(record["config"]), _flat(base["config"])
-    for flat in (mine, theirs):
-        for key, before in ADDED_SETTINGS.items():
-            flat.setdefault(key, before)
-    changed = [k for k in sorted(set(mine) & set(theirs)) if k not in NOT_LEVERS and mine[k] != theirs[k]]
+    mine = {**ADDED_SETTINGS, **_flat(record["config"])}
+    theirs = {**ADDED_SETTINGS, **_flat(base["config"])}
+    changed = [k for k in sorted(set(mine) | set(theirs)) if k not in NOT_LEVERS and mine.get(k) != theirs.get(k)]
     return "; ".join(f"`{k}={json.dumps(mine.get(k), separators=(',', ':'))}`" for k in changed) or "(none)"
 
 
