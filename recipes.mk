@@ -240,8 +240,8 @@ bench-mix: setup
 # config (configs/smollm2-135m-eagle3-ablation.yaml: 800 greedy chat answers, 2 epochs, 200 updates) with one
 # lever changed, trained on one pinned core (CMP_CPU), then benchmarked on the first 48 test prompts (6 per
 # category) at T=0 with the committed draft's tree, and at T=1 on the first 24. Arms reading the same data share
-# the cached base states. `make ablation` runs the arms not yet finished (each resumes), then the results pages;
-# `make ablation-ARM` runs one. The T=1 arm reads SmolLM2's T=1 samples for the same 3,000 prompts
+# the cached base states. `make ablation` runs the arms neither finished in runs/ nor recorded in data/ablation/ (a
+# fresh clone holds only the records; each arm resumes), then the results pages; `make ablation-ARM` runs one again. The T=1 arm reads SmolLM2's T=1 samples for the same 3,000 prompts
 # (`make distill-smol-t1`, vLLM, a few minutes).
 ABL_CONFIG := configs/smollm2-135m-eagle3-ablation.yaml
 ABL_CHAT := data/distilled/smollm2-135m-sharegpt-train-3000.jsonl
@@ -255,8 +255,9 @@ ABL_layers2 := eagle.num_layers=2
 ABL_sampled := 'data.dataset=[{source: $(ABL_CHAT_T1), weight: 0.27587}, {source: $(ABL_OFFLINE), weight: 0}]'
 ABLATION_ARMS := base ttt7 epochs4 mix layers2 sampled
 ABLATION_DONE := $(foreach a,$(ABLATION_ARMS),$(if $(wildcard runs/ablation/$(a)/bench-t1/results.json),$(a)))
+ABLATION_RECORDED := $(foreach a,$(ABLATION_ARMS),$(if $(wildcard data/ablation/$(a).json),$(a)))
 ABL_TREE := --eagle-top-k 10 --eagle-depth 7 --eagle-tokens 40 --eagle-min-prob 0.03
-ablation: $(addprefix ablation-,$(filter-out $(ABLATION_DONE),$(ABLATION_ARMS)))
+ablation: $(addprefix ablation-,$(filter-out $(ABLATION_DONE) $(ABLATION_RECORDED),$(ABLATION_ARMS)))
 	$(MAKE) results
 ablation-sampled: $(ABL_CHAT_T1)
 ablation-%: setup
