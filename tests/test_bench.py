@@ -469,9 +469,16 @@ def test_curve_records_render_each_evaluation_of_a_run_and_the_last_one_of_an_ol
     assert "| ablation-base | 197 | 1213 | 0.296 | 1.375 | 1.276 |" in table
     assert "| dflash | 50 | 700 | 0.120 | 1.040 | 1.030 |" in table
     assert "| dflash | 100 | 1400 | 0.200 | 1.100 | 1.060 |" in table
+    # a rerun of the same config (a fresh clone's) that has not yet reached the stored record's last update keeps it
+    (dflash / "evaluations.jsonl").write_text(json.dumps(lines[0]) + "\n")
+    path, kept = curves.store_curve(dflash, store)
+    assert kept is not None and [p["step"] for p in json.loads(path.read_text())["points"]] == [50, 100]
+    (dflash / "train_config.json").write_text(json.dumps({"dflash": {"anchors": 64}}))  # another experiment: replaced
+    assert curves.store_curve(dflash, store)[1] is None
+    assert [p["step"] for p in json.loads(path.read_text())["points"]] == [50]
     with (dflash / "evaluations.jsonl").open("a") as f:
         f.write('{"step": 150, "train_sec')
-    with pytest.raises(curves.AblationError, match=r"evaluations.jsonl, line 3: not valid JSON"):
+    with pytest.raises(curves.AblationError, match=r"evaluations.jsonl, line 2: not valid JSON"):
         curves.record_curve(dflash)
     (tmp_path / "runs" / "fresh").mkdir()
     (tmp_path / "runs" / "fresh" / "train_config.json").write_text("{}")

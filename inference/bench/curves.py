@@ -56,9 +56,24 @@ def record_curve(run: Path) -> dict:
             "points": points}
 
 
-def store_curve(run: Path, store: Path) -> Path:
+def _last_step(record: dict) -> int:
+    return max((point["step"] for point in record.get("points", [])), default=0)
+
+
+def store_curve(run: Path, store: Path) -> tuple[Path, dict | None]:
+    """Write the run's record to store/<name>.json, unless the stored record of the same training config reaches a
+    later update (a rerun of the recipe on a fresh clone, not yet as far as the run it was committed from): that one
+    is kept, and returned as the second value (None when the run's record was written)."""
     record = record_curve(run)
-    return write_record(store, record["name"], record)
+    path = store / f"{record['name']}.json"
+    if path.is_file():
+        try:
+            stored = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise AblationError(f"{path}: not valid JSON: {err}") from err
+        if stored.get("config") == record["config"] and _last_step(stored) > _last_step(record):
+            return path, stored
+    return write_record(store, record["name"], record), None
 
 
 def _number(value, digits: int) -> str:

@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from specheads.heads.files import write_text
@@ -350,7 +351,10 @@ def regenerate(argv=None) -> None:
     for arm in args.ablation:
         store_arm(arm, args.ablation_store)
     for run in args.curve:
-        store_curve(run, args.curve_store)
+        path, kept = store_curve(run, args.curve_store)
+        if kept is not None:
+            print(f"results.py: {path} kept: it reaches update {max(p['step'] for p in kept['points'])}, "
+                  f"{run} (the same config) not yet", file=sys.stderr)
     runs = args.run or [Path("runs/smollm2-135m-medusa1")]
     for directory in args.bench:
         if not (directory / "results.json").is_file():
