@@ -21,6 +21,7 @@ import time
 def main() -> None:
     import vllm
     from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
 
     reply = sys.stdout
     sys.stdout = sys.stderr  # anything vLLM prints stays off the protocol channel
@@ -28,6 +29,11 @@ def main() -> None:
     llm = LLM(model=setup["model"], dtype=setup.get("dtype", "bfloat16"), skip_tokenizer_init=True,
               enforce_eager=True, max_model_len=setup.get("max_model_len"), seed=setup.get("seed", 0),
               distributed_executor_backend="uni")
+    # vLLM's CPU runner rewinds a seeded request's generator when it drops the token it sampled for a request still
+    # being prefilled in chunks, and a CPU generator has no offset ("RuntimeError: CPU Generator does not use
+    # offset", the engine dies). There the samples come from the engine's own seed (LLM(seed=...) above): the same
+    # prompts in the same batches give the same answers.
+    per_request_seed = not current_platform.is_cpu()
     print(json.dumps({"ready": True, "vllm_version": vllm.__version__}), file=reply, flush=True)
     for line in sys.stdin:
         if not line.strip():
@@ -35,7 +41,8 @@ def main() -> None:
         request = json.loads(line)
         temperature = request.get("temperature", 0.0)
         params = SamplingParams(temperature=temperature, top_p=request.get("top_p", 1.0) if temperature else 1.0,
-                                max_tokens=request["max_tokens"], seed=request.get("seed"),
+                                max_tokens=request["max_tokens"],
+                                seed=request.get("seed") if per_request_seed else None,
                                 stop_token_ids=request.get("stop_token_ids") or None, detokenize=False)
         start = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": ids} for ids in request["prompts"]], params, use_tqdm=False)
