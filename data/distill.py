@@ -174,6 +174,16 @@ def work_list(conversations, tokenizer, max_turns: int, max_prompt_tokens: int, 
     return todo
 
 
+def source_conversations(dataset: str, split: str, heldout_size: int, split_seed: int) -> list:
+    """The conversations of `dataset` to answer. --split all keeps prompt-only records too (an offline prompt
+    file). --split train / heldout splits the answered conversations, as everything else does (training, the
+    benchmark questions' held-out side): a record without an answer added to the list would move the split."""
+    if split == "all":
+        return load_conversations(dataset, require_answer=False)
+    train, heldout = split_heldout(load_conversations(dataset), heldout_size, split_seed)
+    return train if split == "train" else heldout
+
+
 def sharegpt_record(conv_id: str, history: list[dict]) -> dict:
     return {"id": conv_id, "conversations": [
         {"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]), "value": m["content"]}
@@ -190,12 +200,9 @@ def main(argv=None):
         raise SystemExit(f"self_distill.py: {err}") from err
     torch.manual_seed(args.seed)
     try:  # also before any model loads; a damaged data file is named with its line
-        conversations = load_conversations(args.dataset, require_answer=False)  # prompts alone will do
+        conversations = source_conversations(args.dataset, args.split, args.heldout_size, args.split_seed)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"self_distill.py: --dataset: {err}") from err
-    if args.split != "all":
-        train, heldout = split_heldout(conversations, args.heldout_size, args.split_seed)
-        conversations = train if args.split == "train" else heldout
     try:
         tokenizer = load_tokenizer(args.model, args.chat_template, option="--chat-template")
     except ValueError as err:

@@ -129,3 +129,21 @@ def test_the_benchmark_test_and_tune_questions_are_never_distilled():
                      Conversation(id=f"{some}_3", messages=[{"role": "user", "content": "q"}]),
                      Conversation(id="kept_0", messages=[{"role": "user", "content": "q"}])]
     assert [item[1] for item in work_list(conversations, Tokenizer(), 1, 512, None, excluded)] == ["kept_0"]
+
+
+def test_train_and_heldout_split_the_answered_conversations_as_training_does(tmp_path):
+    """--split train / heldout: a prompt-only record in the data does not move the split (it did, and a T=1
+    distillation of ShareGPT's train side took 22 held-out conversations); --split all keeps it."""
+    from specheads.data.distill import source_conversations
+    from specheads.data.sharegpt import load_conversations, split_heldout
+
+    records = [{"id": f"a{i}", "conversations": [{"from": "human", "value": f"question {i}"},
+                                                 {"from": "gpt", "value": f"answer {i}"}]} for i in range(30)]
+    for i in (3, 11, 20):
+        records.insert(i, {"id": f"p{i}", "conversations": [{"from": "human", "value": f"prompt only {i}"}]})
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, records)
+    train, heldout = split_heldout(load_conversations(str(data)), 8, 0)
+    for split, expected in (("train", train), ("heldout", heldout)):
+        assert [c.id for c in source_conversations(str(data), split, 8, 0)] == [c.id for c in expected]
+    assert {c.id for c in source_conversations(str(data), "all", 8, 0)} == {r["id"] for r in records}
