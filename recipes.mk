@@ -241,8 +241,9 @@ bench-mix: setup
 # lever changed, trained on one pinned core (CMP_CPU), then benchmarked on the first 48 test prompts (6 per
 # category) at T=0 with the committed draft's tree, and at T=1 on the first 24. Arms reading the same data share
 # the cached base states. `make ablation` runs the arms neither finished in runs/ nor recorded in data/ablation/ (a
-# fresh clone holds only the records; each arm resumes), then the results pages; `make ablation-ARM` runs one again. The T=1 arm reads SmolLM2's T=1 samples for the same 3,000 prompts
-# (`make distill-smol-t1`, vLLM, a few minutes).
+# fresh clone holds only the records; each arm resumes), then the results pages; `make ablation-ARM` runs one again.
+# The T=1 arm reads SmolLM2's T=1 samples for the same 3,000 prompts (`make distill-smol-t1`, vLLM, ~27 minutes on
+# one core).
 ABL_CONFIG := configs/smollm2-135m-eagle3-ablation.yaml
 ABL_CHAT := data/distilled/smollm2-135m-sharegpt-train-3000.jsonl
 ABL_OFFLINE := data/distilled/smollm2-135m-offline-mix.jsonl

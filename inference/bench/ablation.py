@@ -84,15 +84,17 @@ def write_record(store: Path, name: str, record: dict) -> Path:
     return path
 
 
+def read_record(path: Path) -> dict:
+    """One stored record; a file that is not JSON is named."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise AblationError(f"{path}: not valid JSON: {err}") from err
+
+
 def read_records(store: Path) -> list[dict]:
-    """Every record in `store`, by file name; a file that is not JSON is named."""
-    records = []
-    for path in sorted(store.glob("*.json")):
-        try:
-            records.append(json.loads(path.read_text()))
-        except json.JSONDecodeError as err:
-            raise AblationError(f"{path}: not valid JSON: {err}") from err
-    return records
+    """Every record in `store`, by file name."""
+    return [read_record(path) for path in sorted(store.glob("*.json"))]
 
 
 def store_arm(run: Path, store: Path) -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .ablation import AblationError, updates_of, write_record
+from .ablation import AblationError, read_record, updates_of, write_record
 
 START, END = "<!-- curves:start -->", "<!-- curves:end -->"
 
@@ -56,7 +56,8 @@ def record_curve(run: Path) -> dict:
             "points": points}
 
 
-def _last_step(record: dict) -> int:
+def last_step(record: dict) -> int:
+    """The last update a curve record has a point at (0: none)."""
     return max((point["step"] for point in record.get("points", [])), default=0)
 
 
@@ -67,11 +68,8 @@ def store_curve(run: Path, store: Path) -> tuple[Path, dict | None]:
     record = record_curve(run)
     path = store / f"{record['name']}.json"
     if path.is_file():
-        try:
-            stored = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise AblationError(f"{path}: not valid JSON: {err}") from err
-        if stored.get("config") == record["config"] and _last_step(stored) > _last_step(record):
+        stored = read_record(path)
+        if stored.get("config") == record["config"] and last_step(stored) > last_step(record):
             return path, stored
     return write_record(store, record["name"], record), None
 

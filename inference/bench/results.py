@@ -353,7 +353,7 @@ def regenerate(argv=None) -> None:
     for run in args.curve:
         path, kept = store_curve(run, args.curve_store)
         if kept is not None:
-            print(f"results.py: {path} kept: it reaches update {max(p['step'] for p in kept['points'])}, "
+            print(f"results.py: {path} kept: it reaches update {curves.last_step(kept)}, "
                   f"{run} (the same config) not yet", file=sys.stderr)
     runs = args.run or [Path("runs/smollm2-135m-medusa1")]
     for directory in args.bench:
