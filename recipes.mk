@@ -1,6 +1,6 @@
 # Recipes and benchmark replays: every committed head, dataset and result is made by one target here
 # (included by the Makefile, which keeps set-up, the demo and the tests; `make help` lists both).
-.PHONY: ablation dflash-published distill-smol-t1 distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results \
+.PHONY: ablation dflash-published distill-smol-t1 eagle3-t1 distill-throughput medusa1 eagle eagle1 eagle3 distill-eagle3 medusa2 bench-qwen distill distill-qwen qwen-eagle qwen-medusa bench-smol bench-test tune-sampled compare-dflash results \
 	prompts distill-mix distill-qwen-mix eagle3-mix bench-mix
 
 # The full Medusa-1 recipe (~55 minutes on 2 cores, 41 of them training; the committed heads/trained/smollm2-135m-medusa1
@@ -27,6 +27,9 @@ eagle1: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle1.yaml --resume
 eagle3: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3-recipe.yaml --resume
+# The T=1 draft: the committed T=0 draft and one epoch on SmolLM2's T=1 samples (~65 minutes on one core).
+eagle3-t1: setup data/distilled/smollm2-135m-sharegpt-train-3000-t1.jsonl
+	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3-t1.yaml --resume
 eagle: eagle1 eagle3
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE1)/heads
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE3)/heads --prompts 6
@@ -107,16 +110,17 @@ bench-smol: setup
 # The README's results: the committed drafts on the test split (data/questions/sharegpt-test.jsonl, never tuned
 # on), against HF in the same run. One thread pinned to one core (BENCH_CPU), so other work on the machine's
 # other core cannot stall it: two OpenMP threads sharing a core with another job ran several times slower.
-# SmolLM2 T=0 on all 120 prompts (~40 min), T=1 on the first 24 (3 per category, ~20 min), Qwen2.5-Coder-1.5B
-# T=0 on the 15 coding prompts; then the results pages.
+# SmolLM2 T=0 on all 120 prompts with the T=0 draft (~40 min), T=1 on the first 24 (3 per category, ~20 min) with the
+# T=1 draft (eagle3-t1), Qwen2.5-Coder-1.5B T=0 on the 15 coding prompts; then the results pages.
 BENCH_CPU ?= 0
 BENCH := OMP_NUM_THREADS=1 taskset -c $(BENCH_CPU) $(BIN)/python scripts/bench.py
 SMOL_DRAFTS := --heads heads/trained/smollm2-135m-medusa1 --drafts heads/trained/smollm2-135m-eagle3
+SMOL_DRAFTS_T1 := --heads heads/trained/smollm2-135m-medusa1 --drafts heads/trained/smollm2-135m-eagle3-t1
 TEST_SPLIT := --questions data/questions/sharegpt-test.jsonl --max-new-tokens 128
 bench-test: setup setup-qwen
 	$(BENCH) $(SMOL_DRAFTS) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld --temperature 0 \
 		$(TEST_SPLIT) --out runs/bench-smol-test-t0
-	$(BENCH) $(SMOL_DRAFTS) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld,eagle3_sampled \
+	$(BENCH) $(SMOL_DRAFTS_T1) --methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld,eagle3_sampled \
 		--eagle-sample-k 2 --eagle-sample-width 1 --eagle-sample-depth 4 \
 		--temperature 1 $(TEST_SPLIT) --max-questions 24 --out runs/bench-smol-test-t1
 	$(BENCH) --model $(QWEN) --heads heads/trained/qwen2.5-coder-1.5b-medusa --categories coding \
@@ -175,6 +179,7 @@ BENCHES := $(TEST_BENCHES) $(filter-out $(TEST_BENCHES),$(BENCH_NAMES))
 # a new run exists there; a benchmark neither place holds is left out).
 results: setup
 	$(BIN)/python scripts/results.py --run heads/trained/smollm2-135m-medusa1 --run heads/trained/smollm2-135m-eagle3 \
+		--run heads/trained/smollm2-135m-eagle3-t1 \
 		--run heads/trained/qwen2.5-coder-1.5b-medusa --store data/benchmarks \
 		$(foreach a,$(ABLATION_DONE),--ablation runs/ablation/$(a)) \
 		$(foreach r,$(CURVE_RUNS),$(if $(wildcard $(r)/evaluations.jsonl $(r)/eval.json),--curve $(r))) \
@@ -242,8 +247,7 @@ bench-mix: setup
 # category) at T=0 with the committed draft's tree, and at T=1 on the first 24. Arms reading the same data share
 # the cached base states. `make ablation` runs the arms neither finished in runs/ nor recorded in data/ablation/ (a
 # fresh clone holds only the records; each arm resumes), then the results pages; `make ablation-ARM` runs one again.
-# The T=1 arm reads SmolLM2's T=1 samples for the same 3,000 prompts (`make distill-smol-t1`, vLLM, ~27 minutes on
-# one core).
+# The T=1 arm reads SmolLM2's T=1 samples for the same 3,000 prompts ($(ABL_CHAT_T1) below, ~30 minutes on one core).
 ABL_CONFIG := configs/smollm2-135m-eagle3-ablation.yaml
 ABL_CHAT := data/distilled/smollm2-135m-sharegpt-train-3000.jsonl
 ABL_OFFLINE := data/distilled/smollm2-135m-offline-mix.jsonl
@@ -269,8 +273,17 @@ ablation-%: setup
 	test -f runs/ablation/$*/bench-t1/results.json || $(CMP_TRAIN) scripts/bench.py --drafts runs/ablation/$*/heads \
 		--methods baseline,eagle3 --temperature 1 $(TEST_SPLIT) --max-questions 24 \
 		--experiment ablation-$* --out runs/ablation/$*/bench-t1
+# SmolLM2's T=1 samples through vLLM (~6,000 answers an hour on one core), for the same prompts as the greedy files:
+# the first 3,000 (the sampled arm; the EAGLE-3 recipe's stage t1-3000) and the 3,001st to 7,800th (the prompts of
+# the -3000-4800 and -4800-7800 files: more contexts for a later stage, since ShareGPT's train side past 13,800 is
+# the benchmark's untouched tail, data/questions.py).
+SMOL_T1_DISTILL := VLLM_CPU_KVCACHE_SPACE=4 $(BIN)/python scripts/self_distill.py --backend vllm --split train \
+	--batch-size 48 --max-new-tokens 192 --max-prompt-tokens 384 --temperature 1 --seed 0
+SMOL_CHAT_T1_MORE := $(SMOL_ANSWERS)-3000-7800-t1.jsonl
 $(ABL_CHAT_T1): | setup-engines
-	VLLM_CPU_KVCACHE_SPACE=4 $(BIN)/python scripts/self_distill.py --backend vllm --split train --limit 3000 \
-		--batch-size 48 --max-new-tokens 192 --max-prompt-tokens 384 --temperature 1 --seed 0 --out $@.partial
+	$(SMOL_T1_DISTILL) --limit 3000 --out $@.partial
 	mv $@.partial $@
-distill-smol-t1: $(ABL_CHAT_T1)
+$(SMOL_CHAT_T1_MORE): | setup-engines
+	$(SMOL_T1_DISTILL) --skip 3000 --limit 4800 --out $@.partial
+	mv $@.partial $@
+distill-smol-t1: $(ABL_CHAT_T1) $(SMOL_CHAT_T1_MORE)
