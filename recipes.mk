@@ -28,7 +28,8 @@ eagle1: setup
 eagle3: setup
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3-recipe.yaml --resume
 # The T=1 draft: the committed T=0 draft and one epoch on SmolLM2's T=1 samples (~65 minutes on one core).
-eagle3-t1: setup data/distilled/smollm2-135m-sharegpt-train-3000-t1.jsonl
+SMOL_CHAT_T1 := data/distilled/smollm2-135m-sharegpt-train-3000-t1.jsonl
+eagle3-t1: setup $(SMOL_CHAT_T1)
 	$(BIN)/python train/eagle.py --config configs/smollm2-135m-eagle3-t1.yaml --resume
 eagle: eagle1 eagle3
 	$(BIN)/python scripts/tune_eagle_tree.py --heads $(EAGLE1)/heads
@@ -110,8 +111,8 @@ bench-smol: setup
 # The README's results: the committed drafts on the test split (data/questions/sharegpt-test.jsonl, never tuned
 # on), against HF in the same run. One thread pinned to one core (BENCH_CPU), so other work on the machine's
 # other core cannot stall it: two OpenMP threads sharing a core with another job ran several times slower.
-# SmolLM2 T=0 on all 120 prompts with the T=0 draft (~40 min), T=1 on the first 24 (3 per category, ~20 min) with the
-# T=1 draft (eagle3-t1), Qwen2.5-Coder-1.5B T=0 on the 15 coding prompts; then the results pages.
+# SmolLM2 T=0 on all 120 prompts with the T=0 draft (~40 min), T=1 on the first 24 (3 per category, ~20 min)
+# with the T=1 draft (eagle3-t1), Qwen2.5-Coder-1.5B T=0 on the 15 coding prompts; then the results pages.
 BENCH_CPU ?= 0
 BENCH := OMP_NUM_THREADS=1 taskset -c $(BENCH_CPU) $(BIN)/python scripts/bench.py
 SMOL_DRAFTS := --heads heads/trained/smollm2-135m-medusa1 --drafts heads/trained/smollm2-135m-eagle3
@@ -251,7 +252,7 @@ bench-mix: setup
 ABL_CONFIG := configs/smollm2-135m-eagle3-ablation.yaml
 ABL_CHAT := data/distilled/smollm2-135m-sharegpt-train-3000.jsonl
 ABL_OFFLINE := data/distilled/smollm2-135m-offline-mix.jsonl
-ABL_CHAT_T1 := data/distilled/smollm2-135m-sharegpt-train-3000-t1.jsonl
+ABL_CHAT_T1 := $(SMOL_CHAT_T1)
 ABL_base :=
 ABL_ttt7 := eagle.ttt_steps=7
 ABL_epochs4 := train.epochs=4
@@ -274,9 +275,9 @@ ablation-%: setup
 		--methods baseline,eagle3 --temperature 1 $(TEST_SPLIT) --max-questions 24 \
 		--experiment ablation-$* --out runs/ablation/$*/bench-t1
 # SmolLM2's T=1 samples through vLLM (~6,000 answers an hour on one core), for the same prompts as the greedy files:
-# the first 3,000 (the sampled arm; the EAGLE-3 recipe's stage t1-3000) and the 3,001st to 7,800th (the prompts of
-# the -3000-4800 and -4800-7800 files: more contexts for a later stage, since ShareGPT's train side past 13,800 is
-# the benchmark's untouched tail, data/questions.py).
+# the first 3,000 (the sampled arm; the T=1 draft, eagle3-t1) and the 3,001st to 7,800th (the prompts of the
+# -3000-4800 and -4800-7800 files: more contexts for a later stage, since ShareGPT's train side past the last
+# distilled conversation is the benchmark's untouched tail, data/questions.py).
 SMOL_T1_DISTILL := VLLM_CPU_KVCACHE_SPACE=4 $(BIN)/python scripts/self_distill.py --backend vllm --split train \
 	--batch-size 48 --max-new-tokens 192 --max-prompt-tokens 384 --temperature 1 --seed 0
 SMOL_CHAT_T1_MORE := $(SMOL_ANSWERS)-3000-7800-t1.jsonl
