@@ -201,6 +201,21 @@ class EagleDraft(DraftModule):
         self.t2d.zero_()
         self.t2d[target_ids] = True
 
+    @torch.no_grad()
+    def head_from_base(self, base) -> None:
+        """EAGLE-3: start the lm_head as the base's lm_head rows of the draft vocabulary, so training begins from
+        the base's own token directions instead of random ones. The output norm stays at ones: the base's final
+        norm weights (Qwen2.5-1.5B's average 4.6) would turn a new draft's random hidden states into confident
+        wrong logits (a loss twice a random head's, still there after 25 updates)."""
+        if self.config.variant != "eagle3":
+            raise ValueError("head_from_base is for EAGLE-3 drafts (EAGLE-1 already reads the base lm_head)")
+        weight = base.get_output_embeddings().weight
+        if weight.shape != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(f"the base lm_head is {tuple(weight.shape)}, this draft expects "
+                             f"({self.config.vocab_size}, {self.config.hidden_size})")
+        rows = self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+        self.lm_head.weight.copy_(weight[rows.to(weight.device)].to(self.lm_head.weight))
+
     def with_llama_layer(self) -> tuple["EagleDraft", dict[str, float]]:
         """A copy of this draft whose layer is Llama-style (what every engine's EAGLE-3 builds), and what it lost:
         {tensor name: largest |value|} of the attention biases a Llama layer has no place for (a Qwen2 layer's

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from conftest import synthetic_sharegpt, write_jsonl
 from test_decoder import (VOCAB, chi_square_p_value, exact_joint_of_two_tokens, hf_greedy, sample_two_tokens,
@@ -498,6 +499,35 @@ def test_train_eagle_from_a_saved_draft(tmp_path, tiny_llama_dir):
     refused = train("refused", 1e-2, init_draft=str(saved), draft_vocab_size=400)
     assert refused.returncode != 0
     assert "eagle.init_draft" in refused.stderr and "draft_vocab_size=500" in refused.stderr
+
+    # eagle.head_from_base: a new draft's lm_head is the base's lm_head rows of its draft vocabulary
+    headed = train("headed", 1e-30, head_from_base=True)
+    assert headed.returncode == 0, headed.stdout + headed.stderr
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    draft = EagleDraft.from_pretrained(tmp_path / "headed" / "heads")
+    rows = draft.draft_to_target(torch.arange(500))
+    torch.testing.assert_close(draft.lm_head.weight.float(), base.lm_head.weight[rows], rtol=0, atol=0)
+    fresh = EagleDraft.from_pretrained(saved)
+    assert not torch.equal(fresh.lm_head.weight.float(), base.lm_head.weight[fresh.draft_to_target(torch.arange(500))])
+    both = train("both", 1e-2, init_draft=str(saved), head_from_base=True)
+    assert both.returncode != 0 and "eagle.head_from_base" in both.stderr
+
+
+def test_head_from_base_reads_out_through_the_base_lm_head():
+    """A draft started with head_from_base scores its draft vocabulary with the base's own lm_head rows, in the
+    d2t order (ids 0..7 left out), its output norm left at ones; EAGLE-1 drafts are refused."""
+    model = deep_tiny_model("qwen2")
+    config = EagleConfig.for_base(model.config, "tiny", variant="eagle3", draft_vocab_size=VOCAB - 8)
+    draft = EagleDraft(config).to(model.dtype)
+    draft.set_vocab_mapping(torch.arange(8, VOCAB))
+    draft.head_from_base(model)
+    hidden = torch.randn(5, model.config.hidden_size, dtype=model.dtype)
+    scale = hidden.float().pow(2).mean(-1, keepdim=True).add(draft.norm.variance_epsilon).rsqrt()
+    expected = model.lm_head((hidden.float() * scale).to(model.dtype))[:, 8:]
+    torch.testing.assert_close(draft.logits(hidden), expected)
+    eagle1 = EagleDraft(EagleConfig.for_base(model.config, "tiny", variant="eagle1"))
+    with pytest.raises(ValueError, match="EAGLE-3"):
+        eagle1.head_from_base(model)
 
 
 def test_a_two_layer_eagle3_draft_decodes_losslessly_and_is_refused_by_engine_formats(tmp_path):

@@ -49,6 +49,7 @@ class EagleSection:
     cache_features: bool = True  # store the base's hidden states once and reuse them across epochs
     cache_dir: str = ""  # default: <specheads cache>/features
     init_draft: str | None = None  # start from this saved draft (weights and vocabulary mapping), e.g. more epochs or data
+    head_from_base: bool = False  # eagle3: start the draft's lm_head as the base's lm_head rows of its draft vocabulary
     layer: str | None = None  # llama (no attention bias: what engines load; eagle3's default) | base (eagle1's)
     fc_bias: bool = False  # eagle1: EAGLE's original fc bias (SGLang loads it; vLLM cannot)
     num_layers: int = 1  # eagle3: draft decoder layers (engines' formats hold 1; more decode with specheads only)
@@ -69,6 +70,9 @@ class EagleSection:
             raise ValueError(f"eagle.greedy_target_weight must be in [0, 1], got {self.greedy_target_weight}")
         if self.draft_vocab_size < 0:
             raise ValueError(f"eagle.draft_vocab_size must be >= 0, got {self.draft_vocab_size}")
+        if self.head_from_base and (self.variant != "eagle3" or self.init_draft):
+            raise ValueError("eagle.head_from_base starts a new EAGLE-3 draft: it needs variant eagle3 and no "
+                             "eagle.init_draft")
         if self.num_layers < 1 or (self.num_layers > 1 and self.variant != "eagle3"):
             raise ValueError(f"eagle.num_layers must be >= 1, and above 1 only for eagle3, got {self.num_layers} "
                              f"for {self.variant}")
@@ -212,6 +216,8 @@ class EagleTask(DraftTask):
         draft = EagleDraft(config)
         if e.variant == "eagle3":
             draft.set_vocab_mapping(frequent_tokens(examples, config.vocab_size, config.draft_vocab_size))
+            if e.head_from_base:
+                draft.head_from_base(base)
         return draft
 
     def _initial_draft(self, config: EagleConfig, base) -> EagleDraft:
