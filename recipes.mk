@@ -60,15 +60,15 @@ bench-qwen: setup-qwen
 		--questions data/questions/sharegpt-dev.jsonl --max-new-tokens 96 --max-questions 8 \
 		--out runs/bench-qwen-seed-t$$t || exit 1; done
 
-# An EAGLE-3 draft for the 1.5B target (configs/qwen2.5-coder-1.5b-eagle3.yaml: its own answers to 1,200 ShareGPT
-# training prompts and 600 offline code/extraction/math prompts, all committed), its tree shape tuned on the dev
-# split, then benchmarked on the test split (never tuned on) alone and with prompt lookup, against HF and the
-# committed Medusa heads in the same run: T=0 on the 15 coding prompts (every method), on the first 48 (6 per
-# category: HF, HF prompt lookup, eagle3, eagle3_pld), T=1 on the first 24 (HF, eagle3, eagle3_sampled); each bench
-# is skipped once its results exist (~2.5 hours of benches on one core, HF greedy 3.3 tokens/s). Slow: epoch 1 runs
-# the 1.5B over the 1,740 training conversations and caches its states (~10 s an update of 4 on one core: ~75 min),
-# later epochs read them (~5.5 s an update: ~40 min); 8 epochs, ~6 hours on one core in all. Interrupted, a rerun continues from the last checkpoint (the cache is written per conversation, so
-# an interrupted first epoch keeps what it computed).
+# An EAGLE-3 draft for the 1.5B target (configs/qwen2.5-coder-1.5b-eagle3.yaml: its own answers to 600 offline
+# code/extraction/math prompts and half its 1,200 ShareGPT training answers, all committed; lm_head started from
+# the base's), its tree shape tuned on 4 dev prompts, then benchmarked on the test split (never tuned on) alone
+# and with prompt lookup, against HF and the committed Medusa heads in the same run: T=0 on the 15 coding prompts,
+# on the first 24 (3 per category: HF, HF prompt lookup, eagle3, eagle3_pld), T=1 on the first 24 (HF, eagle3,
+# eagle3_sampled); each bench is skipped once its results exist and pinned to one core (BENCH_CPU; the first two
+# can run side by side with BENCH_CPU=1 on one of them). Training: one epoch of 289 updates, ~16 s each on 2
+# cores (the 1.5B's forward is most of it; its states are cached per conversation, so an interrupted run
+# continues from its last checkpoint and recomputes nothing it cached).
 # QWEN_RUN pins it, e.g. QWEN_RUN="OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python".
 QWEN_DISTILLED ?= data/distilled/qwen2.5-coder-1.5b-sharegpt-train.jsonl
 QWEN_EAGLE := runs/qwen2.5-coder-1.5b-eagle3
@@ -78,11 +78,11 @@ QWEN_EAGLE_BENCH := $(BENCH) --model $(QWEN) --drafts $(QWEN_EAGLE)/heads --head
 qwen-eagle: setup-qwen
 	$(QWEN_RUN) train/eagle.py --config configs/qwen2.5-coder-1.5b-eagle3.yaml --resume
 	grep -q eagle_tree $(QWEN_EAGLE)/heads/config.json || $(QWEN_RUN) scripts/tune_eagle_tree.py --model $(QWEN) \
-		--heads $(QWEN_EAGLE)/heads --prompts 4 --max-new-tokens 64 --shapes "3,3,6;4,4,10;6,5,18;8,6,26"
+		--heads $(QWEN_EAGLE)/heads --prompts 4 --max-new-tokens 64 --shapes "4,4,10;6,5,18;8,6,26;10,7,40"
 	test -f runs/bench-qwen-eagle3-test-coding-t0/results.json || $(QWEN_EAGLE_BENCH) --categories coding \
-		--methods baseline,hf_prompt_lookup,pld,medusa_pld,eagle3,eagle3_pld --temperature 0 \
+		--methods baseline,hf_prompt_lookup,medusa_pld,eagle3,eagle3_pld --temperature 0 \
 		--out runs/bench-qwen-eagle3-test-coding-t0
-	test -f runs/bench-qwen-eagle3-test-t0/results.json || $(QWEN_EAGLE_BENCH) --max-questions 48 \
+	test -f runs/bench-qwen-eagle3-test-t0/results.json || $(QWEN_EAGLE_BENCH) --max-questions 24 \
 		--methods baseline,hf_prompt_lookup,eagle3,eagle3_pld --temperature 0 --out runs/bench-qwen-eagle3-test-t0
 	test -f runs/bench-qwen-eagle3-test-t1/results.json || $(QWEN_EAGLE_BENCH) --max-questions 24 \
 		--methods baseline,eagle3,eagle3_sampled --temperature 1 --out runs/bench-qwen-eagle3-test-t1
