@@ -209,10 +209,8 @@ class EagleDraft(DraftModule):
         wrong logits (a loss twice a random head's, still there after 25 updates)."""
         if self.config.variant != "eagle3":
             raise ValueError("head_from_base is for EAGLE-3 drafts (EAGLE-1 already reads the base lm_head)")
+        check_compatible(self.config, base.config, source="head_from_base: this draft")
         weight = base.get_output_embeddings().weight
-        if weight.shape != (self.config.vocab_size, self.config.hidden_size):
-            raise ValueError(f"the base lm_head is {tuple(weight.shape)}, this draft expects "
-                             f"({self.config.vocab_size}, {self.config.hidden_size})")
         rows = self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
         self.lm_head.weight.copy_(weight[rows.to(weight.device)].to(self.lm_head.weight))
 
